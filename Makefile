@@ -1,0 +1,20 @@
+# The two commands of the README: `make serve` and `make test`. Each installs what it needs.
+VENV ?= $(CURDIR)/.venv
+export DPD_VENV := $(VENV)
+DPD := $(VENV)/bin/dpd
+
+.PHONY: install serve colocated test test-unit
+install:
+	@scripts/install.sh
+
+serve: install
+	$(DPD) serve $(CONFIG)
+
+colocated: install
+	$(DPD) serve --colocated $(CONFIG)
+
+test: install
+	$(VENV)/bin/python -m pytest -v -rs $(PYTEST_ARGS)
+
+test-unit: install
+	$(VENV)/bin/python -m pytest -v tests/unit $(PYTEST_ARGS)

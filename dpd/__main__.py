@@ -1,0 +1,5 @@
+import sys
+
+from dpd.cli import main
+
+sys.exit(main())

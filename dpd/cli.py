@@ -1,0 +1,144 @@
+"""The ``dpd`` command.
+
+  dpd serve [FILE] [--colocated]   run an endpoint (embedded default config without FILE)
+  dpd route --prefill URL --decode URL --tokenizer PATH   run the router alone
+  dpd validate FILE [--schema]     check a config; print every error with its field path
+  dpd prepare-model                prepare and cache the bundled model, print its path
+
+Flags override config fields; their defaults come from the config model (``dpd.config``), so a
+flag never disagrees with the file format about what the default is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from typing import Any
+
+from dpd.config import ConfigError, InferenceEndpointConfig, json_schema, load_config, parse_config
+from dpd.config.model import DEFAULT_ROUTING_THRESHOLD_TOKENS, RouterSpec
+
+
+def with_overrides(config: InferenceEndpointConfig, args: argparse.Namespace) -> InferenceEndpointConfig:
+    data: dict[str, Any] = config.model_dump(exclude_none=True)
+    pd = data["spec"]["pdSpec"]
+    if getattr(args, "threshold", None) is not None:
+        pd["routingThreshold"] = args.threshold
+    if getattr(args, "port", None) is not None:
+        pd["router"]["port"] = args.port
+    if getattr(args, "host", None) is not None:
+        pd["router"]["host"] = args.host
+    return parse_config(data, "command-line overrides")
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    if args.schema:
+        print(json.dumps(json_schema(), indent=2))
+        return 0
+    config = load_config(args.file)
+    pd = config.spec.pdSpec
+    print(
+        f"{args.file}: valid — model {config.spec.modelName!r}, "
+        f"{pd.prefillSpec.replicas} prefill + {pd.decodingSpec.replicas} decode worker(s), "
+        f"threshold {pd.routingThreshold} tokens"
+    )
+    return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from dpd.launch.plan import PlanError
+    from dpd.launch.serve import LaunchError, serve
+    from dpd.models.bundled import ModelError
+
+    config = with_overrides(load_config(args.file), args)
+    try:
+        return serve(config, is_colocated=args.colocated)
+    except (LaunchError, PlanError, ModelError) as exc:
+        print(f"dpd serve: {exc}", file=sys.stderr)
+        return 2
+
+
+def _cmd_route(args: argparse.Namespace) -> int:
+    from dpd.router import Router, RouterSettings, make_server
+
+    spec = RouterSpec(host=args.host or RouterSpec().host, port=args.port or RouterSpec().port, picker=args.picker)
+    settings = RouterSettings(
+        spec=spec,
+        model_name=args.model_name,
+        max_model_len=args.max_model_len,
+        tokenizer_path=args.tokenizer,
+        threshold_tokens=DEFAULT_ROUTING_THRESHOLD_TOKENS if args.threshold is None else args.threshold,
+        prefill_urls=tuple(args.prefill),
+        decode_urls=tuple(args.decode),
+        is_colocated=not args.prefill,
+    )
+    server = make_server(Router(settings), spec.host, spec.port, is_embedded=False)
+    asyncio.run(server.serve())
+    return 0
+
+
+def _cmd_prepare_model(args: argparse.Namespace) -> int:
+    from dpd.models.bundled import prepare_bundled_model
+
+    print(prepare_bundled_model())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dpd", description="Disaggregated prefill/decode serving on vLLM + NIXL.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("serve", help="run workers and router from a config (default: embedded)")
+    p.add_argument("file", nargs="?", help="InferenceEndpointConfig YAML; omit for the embedded default")
+    p.add_argument("--colocated", action="store_true", help="same workers without disaggregation (baseline)")
+    p.add_argument("--threshold", type=int, help="override spec.pdSpec.routingThreshold")
+    p.add_argument("--port", type=int, help="override spec.pdSpec.router.port")
+    p.add_argument("--host", help="override spec.pdSpec.router.host")
+    p.set_defaults(func=_cmd_serve)
+
+    p = sub.add_parser("route", help="run the router alone against running workers")
+    p.add_argument("--prefill", action="append", default=[], metavar="URL", help="prefill worker (repeatable)")
+    p.add_argument("--decode", action="append", required=True, metavar="URL", help="decode worker (repeatable)")
+    p.add_argument("--tokenizer", required=True, help="model directory or hub id whose tokenizer counts tokens")
+    p.add_argument("--model-name", default="smollm2-135m", help="served model name the workers use")
+    p.add_argument("--max-model-len", type=int, default=8192)
+    p.add_argument("--threshold", type=int, help=f"routing threshold in tokens (default {DEFAULT_ROUTING_THRESHOLD_TOKENS})")
+    p.add_argument("--picker", default=RouterSpec().picker, choices=["least-outstanding", "power-of-two"])
+    p.add_argument("--port", type=int)
+    p.add_argument("--host")
+    p.set_defaults(func=_cmd_route)
+
+    p = sub.add_parser("validate", help="validate a config file")
+    p.add_argument("file", nargs="?")
+    p.add_argument("--schema", action="store_true", help="print the config's JSON schema instead")
+    p.set_defaults(func=_cmd_validate)
+
+    p = sub.add_parser("prepare-model", help="prepare the bundled model and print its path")
+    p.set_defaults(func=_cmd_prepare_model)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if args.command == "validate" and not args.schema and not args.file:
+        print("dpd validate: give a FILE (or --schema)", file=sys.stderr)
+        return 2
+    try:
+        return args.func(args)
+    except ConfigError as exc:
+        print(f"dpd {args.command}: invalid config {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""The typed, immutable model of an ``InferenceEndpointConfig``.
+
+Field names follow the reference resource (SageMaker HyperPod's ``InferenceEndpointConfig``,
+``pdSpec.prefillSpec``, ``pdSpec.decodingSpec``, ``pdSpec.routingThreshold`` …) so an existing
+resource is accepted as is; dpd's own additions sit beside them. Every object is frozen: the
+config is parsed once at the edge (``dpd.config.load``) and components receive only their part.
+
+Defaults live here and nowhere else; CLI flags read them from these classes.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+API_VERSION = "inference.dpd.dev/v1"
+# The reference resource's group; accepted so a user's existing resource loads unchanged.
+REFERENCE_API_VERSION = "inference.sagemaker.aws.amazon.com/v1"
+KIND = "InferenceEndpointConfig"
+DEFAULT_ROUTING_THRESHOLD_TOKENS = 2048
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+class ResourceRequirements(_Frozen):
+    """Kubernetes-style requests/limits (``cpu``, ``memory``, ``nvidia.com/gpu``, EFA …).
+
+    Used as is when rendering for a cluster; locally only ``cpu`` matters (see ``cpus``).
+    """
+
+    requests: dict[str, str | int] = Field(default_factory=dict)
+    limits: dict[str, str | int] = Field(default_factory=dict)
+
+
+class PoolSpec(_Frozen):
+    """One pool of identical vLLM workers (``prefillSpec`` or ``decodingSpec``)."""
+
+    replicas: int = Field(default=1, ge=0, le=64)
+    args: tuple[str, ...] = Field(default=(), description="Extra vLLM engine arguments.")
+    nodeSelector: dict[str, str] = Field(default_factory=dict)
+    resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
+    tensorParallelSize: int = Field(default=1, ge=1, le=64)
+    cpusPerWorker: int = Field(
+        default=1, ge=1, le=256, description="Local launcher: cores each worker is pinned to."
+    )
+    kvCacheGiB: float = Field(
+        default=2.0, gt=0, le=1024, description="KV cache per worker (VLLM_CPU_KVCACHE_SPACE on CPU)."
+    )
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment for workers.")
+
+    @field_validator("args")
+    @classmethod
+    def _no_managed_args(cls, args: tuple[str, ...]) -> tuple[str, ...]:
+        managed = {"--port", "--host", "--kv-transfer-config", "--model", "--served-model-name"}
+        for arg in args:
+            if arg.split("=", 1)[0] in managed:
+                raise ValueError(f"{arg.split('=', 1)[0]} is set by dpd; remove it from args")
+        return args
+
+
+class RouterSpec(_Frozen):
+    """The router's listen address and the knobs of its P/D flow."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=1, le=65535)
+    picker: Literal["least-outstanding", "power-of-two"] = "least-outstanding"
+    prefillTimeoutS: float = Field(
+        default=120.0, gt=0, description="Deadline of the prefill hop (an 8k-token CPU prefill takes ~45 s)."
+    )
+    decodeFirstTokenTimeoutS: float = Field(
+        default=5.0,
+        gt=0,
+        description="Deadline for the decoder's first token on the disaggregated path; past it "
+        "the request is cancelled on the decoder and served on the direct path.",
+    )
+    directFirstTokenTimeoutS: float = Field(
+        default=300.0, gt=0, description="Deadline for the first token on the direct path."
+    )
+    healthIntervalS: float = Field(default=2.0, gt=0, description="Active health probe period.")
+    adminKey: str | None = Field(
+        default=None, description="Bearer key for /admin/*; unset = admin API only from loopback."
+    )
+
+
+class KvTransferSpec(_Frozen):
+    connector: Literal["NixlConnector"] = "NixlConnector"
+    backends: tuple[Literal["UCX", "LIBFABRIC", "GDS", "POSIX"], ...] = ("UCX",)
+    bufferDevice: Literal["cpu", "cuda"] = "cpu"
+    kvLeaseDurationS: int = Field(
+        default=30, ge=1, le=3600, description="How long a prefiller holds KV blocks no decoder has pulled."
+    )
+    numThreads: int = Field(default=1, ge=1, le=64, description="NIXL/UCX progress threads per worker.")
+    kvLoadFailurePolicy: Literal["fail", "recompute"] = Field(
+        default="recompute", description="What a decoder does when a KV pull fails: error out or recompute the prefill."
+    )
+
+    @field_validator("backends")
+    @classmethod
+    def _non_empty(cls, backends: tuple[str, ...]) -> tuple[str, ...]:
+        if not backends:
+            raise ValueError("at least one backend is required")
+        return backends
+
+
+class DiskOffloadSpec(_Frozen):
+    path: str
+    sizeGiB: float = Field(gt=0)
+
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, path: str) -> str:
+        if not os.path.isabs(path):
+            raise ValueError(f"must be an absolute path, got {path!r}")
+        return path
+
+
+class KvCacheOffloadingSpec(_Frozen):
+    """Tiers below the worker's own KV cache: CPU memory, then disk."""
+
+    cpuGiB: float = Field(default=0.0, ge=0)
+    disk: DiskOffloadSpec | None = None
+
+    @property
+    def is_enabled(self) -> bool:
+        return self.cpuGiB > 0 or self.disk is not None
+
+
+class LocalSpec(_Frozen):
+    """Where the local launcher puts workers: ports and the run directory."""
+
+    workerBasePort: int = Field(default=8100, ge=1024, le=65000)
+    sideChannelBasePort: int = Field(default=5600, ge=1024, le=65000)
+    runDir: str | None = Field(default=None, description="Worker logs; default ~/.cache/dpd/runs/<time>.")
+    startupTimeoutS: float = Field(default=900.0, gt=0)
+    restartBackoffS: float = Field(default=2.0, ge=0)
+
+
+class PdSpec(_Frozen):
+    prefillSpec: PoolSpec = Field(default_factory=PoolSpec)
+    decodingSpec: PoolSpec = Field(default_factory=PoolSpec)
+    routingThreshold: int = Field(
+        default=DEFAULT_ROUTING_THRESHOLD_TOKENS,
+        ge=0,
+        description="Prompts with at least this many tokens take the disaggregated path; 0 = always.",
+    )
+    router: RouterSpec = Field(default_factory=RouterSpec)
+    kvTransferSpec: KvTransferSpec = Field(default_factory=KvTransferSpec)
+    kvCacheOffloadingSpec: KvCacheOffloadingSpec = Field(default_factory=KvCacheOffloadingSpec)
+    local: LocalSpec = Field(default_factory=LocalSpec)
+    # Accepted from the reference resource; used when rendering for a cluster, not locally.
+    topologySpec: dict[str, Any] | None = None
+    autoScalingSpec: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _has_decoders(self) -> PdSpec:
+        if self.decodingSpec.replicas < 1:
+            raise ValueError("decodingSpec.replicas must be at least 1: every request is decoded")
+        return self
+
+
+class ModelSourceConfig(_Frozen):
+    """Where the weights come from: the bundled SmolLM2, a local directory, or a hub id."""
+
+    modelSourceType: Literal["bundled", "local", "hub"] = "bundled"
+    modelLocation: str | None = None
+
+    @model_validator(mode="after")
+    def _location_matches_type(self) -> ModelSourceConfig:
+        if self.modelSourceType == "bundled" and self.modelLocation:
+            raise ValueError("modelLocation must be empty when modelSourceType is 'bundled'")
+        if self.modelSourceType != "bundled" and not self.modelLocation:
+            raise ValueError(f"modelLocation is required when modelSourceType is {self.modelSourceType!r}")
+        return self
+
+
+class EndpointSpec(_Frozen):
+    modelName: str = Field(default="smollm2-135m", min_length=1, description="The served model name.")
+    modelSourceConfig: ModelSourceConfig = Field(default_factory=ModelSourceConfig)
+    maxModelLen: int = Field(default=8192, ge=16, le=1_048_576)
+    pdSpec: PdSpec = Field(default_factory=PdSpec)
+    # Reference-resource fields that mean nothing on one machine; kept for render.
+    instanceType: str | None = None
+    endpointName: str | None = None
+    worker: dict[str, Any] | None = None
+
+
+class Metadata(_Frozen):
+    model_config = ConfigDict(frozen=True, extra="allow")
+    name: str = Field(default="dpd", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
+    namespace: str | None = None
+
+
+class InferenceEndpointConfig(_Frozen):
+    apiVersion: Literal["inference.dpd.dev/v1", "inference.sagemaker.aws.amazon.com/v1"] = API_VERSION
+    kind: Literal["InferenceEndpointConfig"] = KIND
+    metadata: Metadata = Field(default_factory=Metadata)
+    spec: EndpointSpec = Field(default_factory=EndpointSpec)

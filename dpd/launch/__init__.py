@@ -1,0 +1,1 @@
+"""The local launcher: a config becomes supervised vLLM worker processes plus the router."""

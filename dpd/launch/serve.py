@@ -1,0 +1,205 @@
+"""``dpd serve``: run a whole endpoint — workers plus router — on this machine.
+
+Lifecycle:
+  1. Resolve the model (prepare the bundled one on first use) and plan the workers.
+  2. Check every port is free, then start all workers at once; show each one's progress
+     (elapsed time and its latest log line) until ``/health`` answers.
+  3. Start the router in this process once every worker is healthy.
+  4. Supervise: a worker that exits is restarted after a back-off; the router stops sending it
+     requests on its first failure and resumes once its health probe passes again.
+  5. On SIGINT/SIGTERM: stop the router, then every worker's process group; exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+
+from dpd.config.model import InferenceEndpointConfig
+from dpd.launch.plan import WorkerPlan, oversubscribed, plan_workers
+from dpd.launch.process import WorkerProcess
+from dpd.models.bundled import cache_root, resolve_model
+from dpd.router import Router, RouterSettings, make_server
+
+log = logging.getLogger("dpd.serve")
+
+
+class LaunchError(RuntimeError):
+    pass
+
+
+def _check_ports_free(host: str, ports: dict[int, str]) -> None:
+    for port, what in ports.items():
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((host, port))
+            except OSError:
+                raise LaunchError(f"port {port} ({what}) is already in use; change it in the config") from None
+
+
+def make_run_dir(config: InferenceEndpointConfig) -> Path:
+    if config.spec.pdSpec.local.runDir:
+        run_dir = Path(config.spec.pdSpec.local.runDir)
+    else:
+        run_dir = cache_root() / "runs" / time.strftime("%Y%m%d-%H%M%S")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+class Endpoint:
+    """The workers and router of one ``dpd serve``."""
+
+    def __init__(self, config: InferenceEndpointConfig, *, is_colocated: bool = False, out=sys.stderr):
+        self.config = config
+        self.is_colocated = is_colocated
+        self._out = out
+        self._stop = asyncio.Event()
+        self._workers: list[WorkerProcess] = []
+        self._supervisors: list[asyncio.Task] = []
+
+    def say(self, message: str) -> None:
+        print(f"[dpd] {message}", file=self._out, flush=True)
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self.request_stop)
+        try:
+            return await self._run()
+        finally:
+            await self._shutdown()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+
+    async def _run(self) -> int:
+        spec = self.config.spec
+        router_spec = spec.pdSpec.router
+        self.say(f"model: {spec.modelSourceConfig.modelSourceType} {spec.modelSourceConfig.modelLocation or ''}".rstrip())
+        model_path = await asyncio.to_thread(resolve_model, spec.modelSourceConfig)
+        plans = plan_workers(self.config, model_path, is_colocated=self.is_colocated)
+        ports = {p.port: f"{p.name} HTTP" for p in plans}
+        if not self.is_colocated:
+            ports.update({p.side_channel_port: f"{p.name} NIXL side channel" for p in plans})
+        ports[router_spec.port] = "router"
+        _check_ports_free("127.0.0.1", ports)
+        if oversubscribed(plans):
+            self.say("warning: more worker cores requested than this machine has; workers share cores")
+        run_dir = make_run_dir(self.config)
+        self.say(f"mode: {'colocated' if self.is_colocated else 'disaggregated'}; worker logs in {run_dir}")
+        for plan in plans:
+            self.say(f"  {plan.name}: port {plan.port}, cores {','.join(map(str, plan.cores))}, role {plan.kv_role or 'colocated'}")
+        self._workers = [WorkerProcess(plan, run_dir) for plan in plans]
+        for worker in self._workers:
+            await worker.start()
+        if not await self._wait_healthy(spec.pdSpec.local.startupTimeoutS):
+            return 1
+        for worker in self._workers:
+            self._supervisors.append(asyncio.create_task(self._supervise(worker), name=f"supervise-{worker.plan.name}"))
+        settings = self.router_settings(plans, model_path)
+        router = Router(settings)
+        server = make_server(router, router_spec.host, router_spec.port, is_embedded=True)
+        server_task = asyncio.create_task(server.serve(), name="router")
+        while not server.started and not server_task.done():
+            await asyncio.sleep(0.05)
+        if server_task.done():
+            self.say("router failed to start")
+            return 1
+        self.say(f"ready: http://{router_spec.host}:{router_spec.port}/v1 (model {spec.modelName!r}, threshold {settings.threshold_tokens} tokens)")
+        stop_wait = asyncio.create_task(self._stop.wait())
+        await asyncio.wait({stop_wait, server_task}, return_when=asyncio.FIRST_COMPLETED)
+        self.say("stopping")
+        server.should_exit = True
+        await asyncio.gather(server_task, return_exceptions=True)
+        stop_wait.cancel()
+        return 0
+
+    def router_settings(self, plans: list[WorkerPlan], model_path: str) -> RouterSettings:
+        spec = self.config.spec
+        prefill = tuple(p.url for p in plans if p.pool == "prefill" and not self.is_colocated)
+        decode = tuple(p.url for p in plans if p.pool == "decode" or self.is_colocated)
+        return RouterSettings(
+            spec=spec.pdSpec.router,
+            model_name=spec.modelName,
+            max_model_len=spec.maxModelLen,
+            tokenizer_path=model_path,
+            threshold_tokens=spec.pdSpec.routingThreshold,
+            prefill_urls=prefill,
+            decode_urls=decode,
+            is_colocated=self.is_colocated,
+        )
+
+    async def _wait_healthy(self, timeout_s: float) -> bool:
+        started = time.monotonic()
+        pending = {w.plan.name: w for w in self._workers}
+        last_report = 0.0
+        async with aiohttp.ClientSession() as session:
+            while pending:
+                if self._stop.is_set():
+                    return False
+                for name, worker in list(pending.items()):
+                    if not worker.is_running:
+                        self.say(f"{name} exited during start-up; last lines of {worker.log_path}:")
+                        for line in worker.last_lines():
+                            print(f"    {line}", file=self._out)
+                        return False
+                    if await worker.is_healthy(session):
+                        self.say(f"{name} healthy after {time.monotonic() - started:.0f}s")
+                        del pending[name]
+                elapsed = time.monotonic() - started
+                if elapsed > timeout_s:
+                    self.say(f"timed out after {timeout_s:.0f}s waiting for {', '.join(pending)}")
+                    return False
+                if pending and elapsed - last_report >= 10:
+                    last_report = elapsed
+                    for name, worker in pending.items():
+                        tail = next((ln for ln in reversed(worker.last_lines(5)) if ln.strip()), "")
+                        self.say(f"  {name} loading ({elapsed:.0f}s): {tail[-110:]}")
+                await asyncio.sleep(1)
+        return True
+
+    async def _supervise(self, worker: WorkerProcess) -> None:
+        backoff_s = self.config.spec.pdSpec.local.restartBackoffS
+        while not self._stop.is_set():
+            code = await worker.wait()
+            if self._stop.is_set():
+                return
+            worker.kill_group()  # leftover children of the dead worker
+            self.say(f"{worker.plan.name} exited with code {code}; restarting in {backoff_s:.0f}s")
+            await asyncio.sleep(backoff_s)
+            if self._stop.is_set():
+                return
+            await worker.start()
+            asyncio.create_task(self._announce_healthy(worker))
+
+    async def _announce_healthy(self, worker: WorkerProcess) -> None:
+        async with aiohttp.ClientSession() as session:
+            while worker.is_running and not self._stop.is_set():
+                if await worker.is_healthy(session):
+                    self.say(f"{worker.plan.name} healthy again after {time.monotonic() - worker.started_at:.0f}s")
+                    return
+                await asyncio.sleep(1)
+
+    async def _shutdown(self) -> None:
+        self._stop.set()
+        for task in self._supervisors:
+            task.cancel()
+        await asyncio.gather(*self._supervisors, return_exceptions=True)
+        if self._workers:
+            self.say(f"stopping {len(self._workers)} worker(s)")
+            await asyncio.gather(*(w.stop() for w in self._workers))
+            self.say("all workers stopped")
+
+
+def serve(config: InferenceEndpointConfig, *, is_colocated: bool = False) -> int:
+    return asyncio.run(Endpoint(config, is_colocated=is_colocated).run())

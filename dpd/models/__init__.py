@@ -1,0 +1,1 @@
+"""Models dpd serves: the bundled SmolLM2, local directories, hub ids."""

@@ -1,0 +1,9 @@
+"""The router: OpenAI-compatible front door, decider, pickers and the P/D flow.
+
+Depends on no other dpd package but ``dpd.config``'s types; never imports torch or vLLM.
+"""
+
+from dpd.router.app import Router, RouterSettings, build_app
+from dpd.router.server import make_server
+
+__all__ = ["Router", "RouterSettings", "build_app", "make_server"]

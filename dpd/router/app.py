@@ -1,0 +1,344 @@
+"""The router's OpenAI-compatible HTTP API.
+
+Per request: validate the body (4xx on any mistake), check the model and the context length,
+count prompt tokens, let the decider choose the path, run the P/D flow (``flow.PdFlow``), then
+relay the decoder's stream or fold it into one response. Every response carries ``x-dpd-path``
+(``disaggregated`` / ``direct`` / ``fallback``) and ``x-request-id``.
+
+Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
+``GET /health`` (200 while a decoder is healthy), ``GET /metrics``, and the admin API
+``GET|PUT /admin/threshold``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from dpd.config.model import RouterSpec
+from dpd.router.aggregate import StreamAggregator, is_usage_only, num_content_tokens
+from dpd.router.decide import ThresholdDecider
+from dpd.router.errors import ApiError, bad_request, model_not_found, worker_failed
+from dpd.router.flow import PdFlow, RequestContext, UpstreamStream
+from dpd.router.metrics import RouterMetrics
+from dpd.router.pick import make_picker
+from dpd.router.pools import HealthProber, Pool, Worker, make_pool
+from dpd.router.protocol import ChatCompletionRequest, CompletionRequest, parse_body, requested_max_tokens
+from dpd.router.tokens import TokenCounter, Tokenizer, load_tokenizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RouterSettings:
+    spec: RouterSpec
+    model_name: str
+    max_model_len: int
+    tokenizer_path: str
+    threshold_tokens: int
+    prefill_urls: tuple[str, ...]
+    decode_urls: tuple[str, ...]
+    is_colocated: bool = False
+
+
+class _ClientGone(Exception):
+    pass
+
+
+class Router:
+    def __init__(self, settings: RouterSettings, tokenizer: Tokenizer | None = None):
+        self.settings = settings
+        self.metrics = RouterMetrics()
+        self.prefill = make_pool("prefill", list(settings.prefill_urls))
+        self.decode = make_pool("decode", list(settings.decode_urls))
+        self.decider = ThresholdDecider(settings.threshold_tokens, is_colocated=settings.is_colocated)
+        self.counter = TokenCounter(tokenizer or load_tokenizer(settings.tokenizer_path))
+        self.picker = make_picker(settings.spec.picker)
+        self.metrics.threshold.set(settings.threshold_tokens)
+        self._session: aiohttp.ClientSession | None = None
+        self._prober: HealthProber | None = None
+        self.flow: PdFlow | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def start(self) -> None:
+        connector = aiohttp.TCPConnector(limit=0, force_close=False)
+        self._session = aiohttp.ClientSession(connector=connector)
+        self.flow = PdFlow(self._session, self.prefill, self.decode, self.picker, self.settings.spec, self.metrics)
+        self._prober = HealthProber([self.prefill, self.decode], self._session, self.settings.spec.healthIntervalS, self._on_worker_change)
+        await self._prober.probe_once()
+        self._prober.start()
+
+    async def stop(self) -> None:
+        if self._prober:
+            await self._prober.stop()
+        if self._session:
+            await self._session.close()
+
+    def _on_worker_change(self, worker: Worker) -> None:
+        self.metrics.worker_healthy.labels(worker.pool, worker.name).set(1 if worker.is_healthy else 0)
+
+    def _refresh_gauges(self) -> None:
+        for pool in (self.prefill, self.decode):
+            for w in pool.workers:
+                self.metrics.in_flight.labels(w.pool, w.name).set(w.num_in_flight)
+                self.metrics.worker_healthy.labels(w.pool, w.name).set(1 if w.is_healthy else 0)
+
+    # -- inference -------------------------------------------------------------------------
+    async def completions(self, request: Request) -> Response:
+        return await self._serve(request, CompletionRequest, "/v1/completions")
+
+    async def chat_completions(self, request: Request) -> Response:
+        return await self._serve(request, ChatCompletionRequest, "/v1/chat/completions")
+
+    async def _serve(self, request: Request, kind: type, endpoint: str) -> Response:
+        request_id = uuid.uuid4().hex
+        headers = {"x-request-id": request_id}
+        path_label = "none"
+        try:
+            body, parsed = parse_body(await request.body(), kind)
+            if parsed.model != self.settings.model_name:
+                raise model_not_found(parsed.model)
+            num_prompt_tokens = self._count(parsed)
+            self._check_length(num_prompt_tokens, requested_max_tokens(parsed))
+            decision = self.decider.decide(num_prompt_tokens, has_prefill_capacity=bool(self.prefill.available()))
+            self.metrics.decisions.labels(decision.path.value, decision.reason.value).inc()
+            ctx = RequestContext(request_id, endpoint, body, decision.path, num_prompt_tokens)
+            assert self.flow is not None
+            stream = await _until_disconnect(request, self.flow.open(ctx))
+            path_label = stream.path_label
+            headers["x-dpd-path"] = path_label
+            if stream.fallback_reason:
+                headers["x-dpd-fallback"] = stream.fallback_reason
+            self.metrics.prompt_tokens.labels(path_label).observe(num_prompt_tokens)
+            if parsed.stream:
+                want_usage = bool((parsed.stream_options or {}).get("include_usage"))
+                return StreamingResponse(
+                    self._relay(ctx, stream, want_usage), media_type="text/event-stream", headers=headers
+                )
+            result = await _until_disconnect(request, self._aggregate(ctx, stream, kind is ChatCompletionRequest))
+            return JSONResponse(result, headers=headers)
+        except ApiError as error:
+            self.metrics.requests.labels(path_label, str(error.status)).inc()
+            if error.status >= 500:
+                log.warning("request %s: %s %s", request_id, error.status, error.message)
+            return error.response(headers)
+        except _ClientGone:
+            self.metrics.client_disconnects.labels(path_label).inc()
+            self.metrics.requests.labels(path_label, "client_gone").inc()
+            return Response(status_code=499)
+
+    def _count(self, parsed: CompletionRequest | ChatCompletionRequest) -> int:
+        try:
+            return self.counter.count(parsed)
+        except Exception as exc:  # a template that rejects the conversation, e.g. bad role order
+            raise bad_request(f"Cannot tokenize the prompt: {exc}", param="messages" if isinstance(parsed, ChatCompletionRequest) else "prompt") from None
+
+    def _check_length(self, num_prompt_tokens: int, max_tokens: int | None) -> None:
+        limit = self.settings.max_model_len
+        if num_prompt_tokens >= limit:
+            raise bad_request(
+                f"This model's maximum context length is {limit} tokens. However, your prompt has "
+                f"{num_prompt_tokens} tokens, leaving no room for output.",
+                code="context_length_exceeded",
+            )
+        if max_tokens is not None and num_prompt_tokens + max_tokens > limit:
+            raise bad_request(
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in the prompt, {max_tokens} for the "
+                f"completion). Reduce the prompt or max_tokens.",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
+
+    async def _relay(self, ctx: RequestContext, stream: UpstreamStream, want_usage: bool) -> AsyncIterator[bytes]:
+        timer = _TokenTimer(self.metrics, stream.path_label, ctx.started_at)
+        outcome = "ok"
+        try:
+            async for raw, chunk in stream.events():
+                timer.observe(chunk)
+                if "error" in chunk:
+                    outcome = "worker_error"
+                if is_usage_only(chunk) and not want_usage:
+                    continue
+                yield raw + b"\n\n"
+            yield b"data: [DONE]\n\n"
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+            outcome = "worker_error"
+            error = worker_failed(stream.worker.pool, stream.worker.name, f"stream broke: {exc.__class__.__name__}")
+            log.warning("request %s: %s", ctx.request_id, error.message)
+            yield error.sse_event()
+            yield b"data: [DONE]\n\n"
+        except asyncio.CancelledError:
+            outcome = "client_gone"
+            self.metrics.client_disconnects.labels(stream.path_label).inc()
+            raise
+        finally:
+            stream.close()
+            timer.finish(outcome)
+
+    async def _aggregate(self, ctx: RequestContext, stream: UpstreamStream, is_chat: bool) -> dict[str, Any]:
+        timer = _TokenTimer(self.metrics, stream.path_label, ctx.started_at)
+        aggregator = StreamAggregator(is_chat)
+        outcome = "worker_error"
+        try:
+            async for _, chunk in stream.events():
+                timer.observe(chunk)
+                if "error" in chunk:
+                    err = chunk["error"]
+                    message = err.get("message") if isinstance(err, dict) else str(err)
+                    raise worker_failed(stream.worker.pool, stream.worker.name, str(message))
+                aggregator.add(chunk)
+            outcome = "ok"
+            return aggregator.result()
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+            raise worker_failed(stream.worker.pool, stream.worker.name, f"stream broke: {exc.__class__.__name__}") from None
+        except asyncio.CancelledError:
+            outcome = "client_gone"
+            raise
+        finally:
+            stream.close()
+            timer.finish(outcome, count_request=outcome != "worker_error")
+
+    # -- the rest of the API ---------------------------------------------------------------
+    async def models(self, request: Request) -> Response:
+        model = {
+            "id": self.settings.model_name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "dpd",
+            "max_model_len": self.settings.max_model_len,
+        }
+        return JSONResponse({"object": "list", "data": [model]})
+
+    async def health(self, request: Request) -> Response:
+        pools = {
+            pool.name: {"healthy": len(pool.available()), "total": len(pool)} for pool in (self.prefill, self.decode)
+        }
+        is_ok = bool(self.decode.available())
+        return JSONResponse({"status": "ok" if is_ok else "unavailable", "pools": pools}, status_code=200 if is_ok else 503)
+
+    async def metrics_endpoint(self, request: Request) -> Response:
+        self._refresh_gauges()
+        return Response(self.metrics.exposition(), media_type="text/plain; version=0.0.4")
+
+    async def threshold(self, request: Request) -> Response:
+        self._authorize_admin(request)
+        if request.method == "PUT":
+            try:
+                body = json.loads(await request.body())
+                value = body["threshold_tokens"]
+                self.decider.set_threshold(value)
+            except (json.JSONDecodeError, UnicodeDecodeError, TypeError, KeyError):
+                raise bad_request('Body must be {"threshold_tokens": <int >= 0>}.', param="threshold_tokens") from None
+            except ValueError as exc:
+                raise bad_request(str(exc), param="threshold_tokens") from None
+            self.metrics.threshold.set(value)
+            log.info("routing threshold set to %d tokens", value)
+        return JSONResponse({"threshold_tokens": self.decider.threshold_tokens})
+
+    def _authorize_admin(self, request: Request) -> None:
+        key = self.settings.spec.adminKey
+        if key is None:
+            client = request.client.host if request.client else ""
+            if client not in ("127.0.0.1", "::1", "localhost", "testclient"):
+                raise ApiError(403, "The admin API is only served to loopback clients when no adminKey is set.", type="permission_error")
+            return
+        if request.headers.get("authorization") != f"Bearer {key}":
+            raise ApiError(401, "A valid admin key is required.", type="authentication_error")
+
+
+class _TokenTimer:
+    """Records TTFT, inter-token gaps, E2E and output tokens of one relayed stream."""
+
+    def __init__(self, metrics: RouterMetrics, path: str, started_at: float):
+        self._metrics = metrics
+        self._path = path
+        self._started_at = started_at
+        self._last_token_at: float | None = None
+        self._num_output_tokens: int | None = None
+
+    def observe(self, chunk: dict[str, Any]) -> None:
+        if chunk.get("usage"):
+            self._num_output_tokens = chunk["usage"].get("completion_tokens")
+        if not num_content_tokens(chunk):
+            return
+        now = time.monotonic()
+        if self._last_token_at is None:
+            self._metrics.ttft.labels(self._path).observe(now - self._started_at)
+        else:
+            self._metrics.itl.labels(self._path).observe(now - self._last_token_at)
+        self._last_token_at = now
+
+    def finish(self, outcome: str, count_request: bool = True) -> None:
+        if self._num_output_tokens:
+            self._metrics.output_tokens_total.labels(self._path).inc(self._num_output_tokens)
+        self._metrics.e2e.labels(self._path).observe(time.monotonic() - self._started_at)
+        if count_request:
+            self._metrics.requests.labels(self._path, outcome).inc()
+
+
+async def _until_disconnect(request: Request, coro: Any) -> Any:
+    """Run ``coro``; cancel it (and so abort its upstream requests) if the client goes away."""
+    task = asyncio.ensure_future(coro)
+
+    async def watch() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+            watcher.cancel()
+            raise _ClientGone()
+        watcher.cancel()
+    return task.result()
+
+
+def build_app(router: Router) -> Starlette:
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", type=kind).response()
+
+    async def api_error(request: Request, exc: ApiError) -> Response:
+        return exc.response()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await router.start()
+        try:
+            yield
+        finally:
+            await router.stop()
+
+    routes = [
+        Route("/v1/completions", router.completions, methods=["POST"]),
+        Route("/v1/chat/completions", router.chat_completions, methods=["POST"]),
+        Route("/v1/models", router.models, methods=["GET"]),
+        Route("/health", router.health, methods=["GET"]),
+        Route("/metrics", router.metrics_endpoint, methods=["GET"]),
+        Route("/admin/threshold", router.threshold, methods=["GET", "PUT"]),
+    ]
+    return Starlette(
+        routes=routes,
+        exception_handlers={HTTPException: http_error, ApiError: api_error},
+        lifespan=lifespan,
+    )

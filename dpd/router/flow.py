@@ -1,0 +1,297 @@
+"""The P/D request flow: prefill hop, decode hop, and the fallbacks between them.
+
+Disaggregated path (ARCHITECTURE.md, "The P/D request flow"):
+  1. POST the request to a prefill worker with ``max_tokens: 1``, no streaming and
+     ``kv_transfer_params.do_remote_decode = true``; both hops share one ``X-Request-Id``.
+  2. The response's ``kv_transfer_params`` say where the KV blocks are held.
+  3. POST the original request plus those params to a decoder, which pulls the KV over NIXL
+     and generates; its stream is relayed to the client.
+Direct path: step 3 without ``kv_transfer_params``.
+
+Invariants:
+  * Nothing reaches the client before the decoder's first event, so every failure up to then
+    can still be served another way: a failed, slow or unreachable prefill worker, or a decode
+    hop whose first token misses ``decodeFirstTokenTimeoutS`` (the NIXL stall), sends the
+    request down the direct path (``fallback``); an unreachable decoder is retried once on
+    another decoder. After the first byte nothing is retried.
+  * The router always streams from workers (``include_usage`` on) — it measures TTFT/ITL for
+    every request and aggregates the stream itself for non-streaming clients.
+  * Closing an upstream response aborts the request on that worker (vLLM aborts a request
+    whose HTTP connection closes), so a cancelled client or a stalled hop leaves no work behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from dpd.config.model import RouterSpec
+from dpd.router.decide import Path
+from dpd.router.errors import ApiError, pool_unavailable, worker_failed, worker_timeout
+from dpd.router.metrics import RouterMetrics
+from dpd.router.pick import Picker
+from dpd.router.pools import Pool, Worker
+
+log = logging.getLogger(__name__)
+
+FALLBACK = "fallback"  # the path label of a disaggregated request served direct instead
+_CONNECT_ERRORS = (aiohttp.ClientConnectionError, OSError)
+
+
+@dataclass
+class RequestContext:
+    request_id: str
+    endpoint: str  # "/v1/completions" or "/v1/chat/completions"
+    body: dict[str, Any]
+    path: Path
+    num_prompt_tokens: int
+    started_at: float = field(default_factory=time.monotonic)
+
+
+class _Stall(Exception):
+    pass
+
+
+class UpstreamStream:
+    """An open streaming response from one worker, its first event already read."""
+
+    def __init__(self, worker: Worker, path_label: str, response: aiohttp.ClientResponse, lines: AsyncIterator[bytes]):
+        self.worker = worker
+        self.path_label = path_label
+        self.fallback_reason: str | None = None
+        self._response = response
+        self._lines = lines
+        self._pending: list[tuple[bytes, dict[str, Any] | None]] = []
+        self._closed = False
+        worker.num_in_flight += 1
+
+    async def read_first(self) -> None:
+        event = await self._next()
+        if event is None:
+            raise worker_failed(self.worker.pool, self.worker.name, "stream ended before the first token")
+        self._pending.append(event)
+
+    async def _next(self) -> tuple[bytes, dict[str, Any] | None] | None:
+        """The next ``data:`` event as (raw line, parsed JSON or None for ``[DONE]``)."""
+        async for line in self._lines:
+            line = line.strip()
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                return None
+            try:
+                return line, json.loads(payload)
+            except json.JSONDecodeError:
+                log.warning("unparseable event from %s: %r", self.worker.name, payload[:200])
+        return None
+
+    async def events(self) -> AsyncIterator[tuple[bytes, dict[str, Any]]]:
+        while self._pending:
+            raw, event = self._pending.pop(0)
+            if event is not None:
+                yield raw, event
+        while (item := await self._next()) is not None:
+            yield item[0], item[1]  # type: ignore[misc]
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.worker.num_in_flight -= 1
+            self._response.close()
+
+
+def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in body.items() if k not in ("stream_options", "min_tokens", "max_completion_tokens", "echo")}
+    out.update(
+        max_tokens=1,
+        stream=False,
+        kv_transfer_params={
+            "do_remote_decode": True,
+            "do_remote_prefill": False,
+            "remote_engine_id": None,
+            "remote_block_ids": None,
+            "remote_host": None,
+            "remote_port": None,
+        },
+    )
+    return out
+
+
+def decode_body(body: dict[str, Any], kv_transfer_params: dict[str, Any] | None) -> dict[str, Any]:
+    out = dict(body)
+    options = dict(body.get("stream_options") or {})
+    options["include_usage"] = True
+    out.update(stream=True, stream_options=options)
+    if kv_transfer_params is not None:
+        out["kv_transfer_params"] = kv_transfer_params
+    return out
+
+
+async def _error_from(resp: aiohttp.ClientResponse, worker: Worker) -> ApiError:
+    text = await resp.text(errors="replace")
+    try:
+        err = json.loads(text).get("error") or {}
+        message = err.get("message") or text
+    except (json.JSONDecodeError, AttributeError):
+        err, message = {}, text
+    if 400 <= resp.status < 500:
+        # The worker judged the request itself invalid: report it as the client's error.
+        return ApiError(resp.status, str(message)[:2000], param=err.get("param"), code=err.get("code"))
+    return worker_failed(worker.pool, worker.name, f"HTTP {resp.status}: {str(message)[:500]}")
+
+
+class PdFlow:
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        prefill: Pool,
+        decode: Pool,
+        picker: Picker,
+        spec: RouterSpec,
+        metrics: RouterMetrics,
+    ):
+        self._session = session
+        self._prefill = prefill
+        self._decode = decode
+        self._picker = picker
+        self._spec = spec
+        self._metrics = metrics
+
+    async def open(self, ctx: RequestContext) -> UpstreamStream:
+        """Run the hops up to the decoder's first event; return the open stream."""
+        if ctx.path is Path.DISAGGREGATED:
+            kv_params, reason = await self._prefill_hop(ctx)
+            if kv_params is not None:
+                stream, reason = await self._disaggregated_decode(ctx, kv_params)
+                if stream is not None:
+                    return stream
+            self._metrics.fallbacks.labels(reason).inc()
+            log.warning("request %s: falling back to the direct path (%s)", ctx.request_id, reason)
+            stream = await self._direct(ctx, FALLBACK)
+            stream.fallback_reason = reason
+            return stream
+        return await self._direct(ctx, Path.DIRECT.value)
+
+    async def _prefill_hop(self, ctx: RequestContext) -> tuple[dict[str, Any] | None, str]:
+        worker = self._picker.pick(self._prefill.available())
+        if worker is None:
+            return None, "prefill_unavailable"
+        started = time.monotonic()
+        timeout = aiohttp.ClientTimeout(total=self._spec.prefillTimeoutS)
+        with worker.track():
+            try:
+                async with self._session.post(
+                    worker.url + ctx.endpoint,
+                    json=prefill_body(ctx.body),
+                    headers={"X-Request-Id": ctx.request_id},
+                    timeout=timeout,
+                ) as resp:
+                    if resp.status != 200:
+                        error = await _error_from(resp, worker)
+                        if 400 <= resp.status < 500:
+                            raise error
+                        log.warning("request %s: prefill %s: %s", ctx.request_id, worker.name, error.message)
+                        return None, "prefill_error"
+                    data = await resp.json()
+            except asyncio.TimeoutError:
+                log.warning("request %s: prefill %s timed out", ctx.request_id, worker.name)
+                return None, "prefill_timeout"
+            except _CONNECT_ERRORS as exc:
+                worker.mark_failed(f"prefill hop: {exc.__class__.__name__}")
+                return None, "prefill_error"
+        kv_params = data.get("kv_transfer_params") if isinstance(data, dict) else None
+        if not kv_params:
+            log.warning("request %s: prefill %s returned no kv_transfer_params", ctx.request_id, worker.name)
+            return None, "prefill_no_kv"
+        self._metrics.prefill_hop.observe(time.monotonic() - started)
+        kv_params["_prefiller"] = worker.name  # stripped before the decode hop
+        return kv_params, ""
+
+    async def _disaggregated_decode(
+        self, ctx: RequestContext, kv_params: dict[str, Any]
+    ) -> tuple[UpstreamStream | None, str]:
+        prefiller = kv_params.pop("_prefiller")
+        worker = self._picker.pick(self._decode.available())
+        if worker is None:
+            raise pool_unavailable("decode")
+        try:
+            stream = await self._open(
+                ctx, worker, decode_body(ctx.body, kv_params), self._spec.decodeFirstTokenTimeoutS, Path.DISAGGREGATED.value
+            )
+            return stream, ""
+        except _Stall:
+            self._metrics.pd_stalls.labels(worker.name, prefiller).inc()
+            log.warning(
+                "request %s: no first token from %s within %.1fs after prefill on %s (P/D stall)",
+                ctx.request_id, worker.name, self._spec.decodeFirstTokenTimeoutS, prefiller,
+            )
+            return None, "decode_stall"
+        except ApiError as error:
+            if error.status < 500:
+                raise
+            return None, "decode_error"
+
+    async def _direct(self, ctx: RequestContext, path_label: str) -> UpstreamStream:
+        tried: set[str] = set()
+        for attempt in range(2):
+            worker = self._picker.pick(self._decode.available(), exclude=frozenset(tried))
+            if worker is None:
+                raise pool_unavailable("decode")
+            tried.add(worker.name)
+            try:
+                return await self._open(
+                    ctx, worker, decode_body(ctx.body, None), self._spec.directFirstTokenTimeoutS, path_label
+                )
+            except _Stall:
+                raise worker_timeout("decode", worker.name, f"before the first token ({self._spec.directFirstTokenTimeoutS:.0f}s)") from None
+            except ApiError as error:
+                if error.status < 500 or attempt == 1:
+                    raise
+                log.warning("request %s: %s; retrying on another decoder", ctx.request_id, error.message)
+        raise AssertionError("unreachable")
+
+    async def _open(
+        self, ctx: RequestContext, worker: Worker, body: dict[str, Any], first_token_timeout_s: float, path_label: str
+    ) -> UpstreamStream:
+        started = time.monotonic()
+        resp: aiohttp.ClientResponse | None = None
+        stream: UpstreamStream | None = None
+        try:
+            async with asyncio.timeout(first_token_timeout_s):
+                resp = await self._session.post(
+                    worker.url + ctx.endpoint,
+                    json=body,
+                    headers={"X-Request-Id": ctx.request_id},
+                    timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
+                )
+                if resp.status != 200:
+                    raise await _error_from(resp, worker)
+                stream = UpstreamStream(worker, path_label, resp, resp.content.__aiter__())
+                await stream.read_first()
+        except TimeoutError:
+            self._discard(stream, resp)
+            raise _Stall() from None
+        except _CONNECT_ERRORS as exc:
+            self._discard(stream, resp)
+            worker.mark_failed(f"decode hop: {exc.__class__.__name__}")
+            raise worker_failed(worker.pool, worker.name, f"unreachable ({exc.__class__.__name__})") from None
+        except BaseException:
+            self._discard(stream, resp)
+            raise
+        self._metrics.decode_hop_first_token.labels(path_label).observe(time.monotonic() - started)
+        return stream
+
+    @staticmethod
+    def _discard(stream: UpstreamStream | None, resp: aiohttp.ClientResponse | None) -> None:
+        if stream is not None:
+            stream.close()
+        elif resp is not None:
+            resp.close()

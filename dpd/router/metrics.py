@@ -1,0 +1,60 @@
+"""The router's Prometheus metrics, in a registry owned by one router instance.
+
+Latency histograms carry the ``path`` label (disaggregated / direct), so TTFT and ITL of the
+two paths can be compared; the P/D hops have their own histograms so an operator can tell a
+slow prefill from a slow KV pull. ``dpd_pd_stalls_total`` counts decode hops whose first token
+missed the deadline (the upstream NIXL stall), each one served again on the direct path.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 7.5, 10, 15, 20, 30, 60, 120)
+ITL_BUCKETS_S = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2, 5, 10)
+TOKEN_BUCKETS = (16, 64, 128, 256, 512, 1024, 2048, 3072, 4096, 6144, 8192, 16384, 32768)
+
+
+class RouterMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "dpd_requests", "Finished requests by path and outcome.", ["path", "outcome"], registry=r
+        )
+        self.decisions = Counter("dpd_decisions", "Decider outcomes.", ["path", "reason"], registry=r)
+        self.fallbacks = Counter(
+            "dpd_fallbacks", "Disaggregated requests served on the direct path instead.", ["reason"], registry=r
+        )
+        self.pd_stalls = Counter(
+            "dpd_pd_stalls",
+            "Decode hops whose first token missed the deadline, by decoder and prefiller.",
+            ["decoder", "prefiller"],
+            registry=r,
+        )
+        self.ttft = Histogram("dpd_ttft_seconds", "Time to first token.", ["path"], buckets=LATENCY_BUCKETS_S, registry=r)
+        self.itl = Histogram("dpd_itl_seconds", "Inter-token latency.", ["path"], buckets=ITL_BUCKETS_S, registry=r)
+        self.e2e = Histogram("dpd_e2e_seconds", "End-to-end request latency.", ["path"], buckets=LATENCY_BUCKETS_S, registry=r)
+        self.prefill_hop = Histogram(
+            "dpd_prefill_hop_seconds", "Prefill hop latency (request to KV ready).", buckets=LATENCY_BUCKETS_S, registry=r
+        )
+        self.decode_hop_first_token = Histogram(
+            "dpd_decode_hop_first_token_seconds",
+            "Decode hop: request to first token (includes the KV pull on the disaggregated path).",
+            ["path"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.prompt_tokens = Histogram(
+            "dpd_request_prompt_tokens", "Prompt tokens per request (router's count).", ["path"], buckets=TOKEN_BUCKETS, registry=r
+        )
+        self.output_tokens_total = Counter("dpd_output_tokens", "Generated tokens.", ["path"], registry=r)
+        self.in_flight = Gauge("dpd_worker_in_flight", "Outstanding requests per worker.", ["pool", "worker"], registry=r)
+        self.worker_healthy = Gauge("dpd_worker_healthy", "1 if the worker passes health checks.", ["pool", "worker"], registry=r)
+        self.threshold = Gauge("dpd_routing_threshold_tokens", "Current routing threshold.", registry=r)
+        self.client_disconnects = Counter(
+            "dpd_client_disconnects", "Requests aborted because the client went away.", ["path"], registry=r
+        )
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,123 @@
+"""The request bodies the router accepts, validated before anything reaches a worker.
+
+The models are strict (no string-to-number coercion) and closed (an unknown parameter is a
+400, as OpenAI answers), so a mistake is reported by the router with the parameter's name
+instead of surfacing later as a worker error. The raw JSON object — not a re-serialisation —
+is what the router forwards, so fields pass to vLLM exactly as the client wrote them.
+
+NOTE: ``n > 1`` and ``best_of > 1`` are rejected: the router relays one choice per request,
+which keeps the P/D hops (one prefill, one decode) and the stream relay simple.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
+
+from dpd.router.errors import ApiError, bad_request
+
+MAX_BODY_BYTES = 4 * 1024 * 1024
+
+Number = Annotated[StrictInt | float, Field(allow_inf_nan=False)]
+Stop = StrictStr | Annotated[list[StrictStr], Field(max_length=16)] | None
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model: StrictStr
+    stream: StrictBool | None = False
+    stream_options: dict[str, StrictBool] | None = None
+    max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+    temperature: Annotated[Number, Field(ge=0, le=2)] | None = None
+    top_p: Annotated[Number, Field(gt=0, le=1)] | None = None
+    top_k: Annotated[StrictInt, Field(ge=-1)] | None = None
+    min_p: Annotated[Number, Field(ge=0, le=1)] | None = None
+    n: Literal[1] | None = None
+    stop: Stop = None
+    stop_token_ids: list[StrictInt] | None = None
+    presence_penalty: Annotated[Number, Field(ge=-2, le=2)] | None = None
+    frequency_penalty: Annotated[Number, Field(ge=-2, le=2)] | None = None
+    repetition_penalty: Annotated[Number, Field(gt=0, le=2)] | None = None
+    logit_bias: dict[str, Annotated[Number, Field(ge=-100, le=100)]] | None = None
+    seed: StrictInt | None = None
+    user: StrictStr | None = None
+    min_tokens: Annotated[StrictInt, Field(ge=0)] | None = None
+    ignore_eos: StrictBool | None = None
+    skip_special_tokens: StrictBool | None = None
+    include_stop_str_in_output: StrictBool | None = None
+
+
+class CompletionRequest(_Request):
+    prompt: Annotated[StrictStr, Field(min_length=1)] | Annotated[list[StrictInt], Field(min_length=1)]
+    echo: StrictBool | None = None
+    logprobs: Annotated[StrictInt, Field(ge=0, le=20)] | None = None
+    best_of: Literal[1] | None = None
+    suffix: None = None
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    type: Literal["text"]
+    text: StrictStr
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    role: Literal["system", "user", "assistant", "developer"]
+    content: StrictStr | Annotated[list[TextPart], Field(min_length=1)]
+    name: StrictStr | None = None
+
+
+class ChatCompletionRequest(_Request):
+    messages: Annotated[list[Message], Field(min_length=1)]
+    max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+    logprobs: StrictBool | None = None
+    top_logprobs: Annotated[StrictInt, Field(ge=0, le=20)] | None = None
+
+
+def _param_of(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif isinstance(part, str) and not part.startswith(("literal[", "list[", "constrained-", "function-")) and part not in {"str", "int", "float", "bool", "dict", "list", "none", "is-instance[TextPart]"}:
+            out += ("." if out else "") + part
+    return out
+
+
+def parse_body(raw: bytes, kind: type[_Request]) -> tuple[dict[str, Any], _Request]:
+    """Decode and validate a request body; raise a 4xx ``ApiError`` naming what is wrong."""
+    if len(raw) > MAX_BODY_BYTES:
+        raise ApiError(413, f"Request body is larger than {MAX_BODY_BYTES} bytes.", code="body_too_large")
+    try:
+        body = json.loads(raw)
+    except UnicodeDecodeError:
+        raise bad_request("Request body is not valid UTF-8.", code="invalid_encoding") from None
+    except json.JSONDecodeError as exc:
+        raise bad_request(f"Request body is not valid JSON: {exc.msg} at position {exc.pos}.", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise bad_request("Request body must be a JSON object.", code="invalid_json")
+    try:
+        parsed = kind.model_validate(body)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        param = _param_of(err["loc"])
+        if err["type"] == "extra_forbidden":
+            raise bad_request(f"Unrecognized request argument supplied: {param}", param=param) from None
+        if err["type"] == "missing":
+            raise bad_request(f"Missing required parameter: '{param}'.", param=param) from None
+        if param in ("n", "best_of"):
+            raise bad_request(f"'{param}' must be 1: dpd serves one choice per request.", param=param) from None
+        raise bad_request(f"Invalid value for '{param}': {err['msg']}.", param=param) from None
+    if parsed.stream_options is not None and not parsed.stream:
+        raise bad_request("'stream_options' is only allowed when 'stream' is true.", param="stream_options")
+    return body, parsed
+
+
+def requested_max_tokens(parsed: _Request) -> int | None:
+    if isinstance(parsed, ChatCompletionRequest) and parsed.max_completion_tokens is not None:
+        return parsed.max_completion_tokens
+    return parsed.max_tokens

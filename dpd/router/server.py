@@ -1,0 +1,31 @@
+"""Run a ``Router`` under uvicorn, standalone (``dpd route``) or inside the launcher's loop."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import uvicorn
+
+from dpd.router.app import Router, build_app
+
+
+class _EmbeddedServer(uvicorn.Server):
+    """A uvicorn server that leaves signals to its owner (the launcher handles Ctrl-C)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def make_server(router: Router, host: str, port: int, *, is_embedded: bool) -> uvicorn.Server:
+    config = uvicorn.Config(
+        build_app(router),
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=5,
+    )
+    return _EmbeddedServer(config) if is_embedded else uvicorn.Server(config)

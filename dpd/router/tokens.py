@@ -1,0 +1,49 @@
+"""Prompt token counting with the served model's own tokenizer.
+
+Counts match what vLLM will see: completions are tokenized with special tokens added (vLLM's
+default), chat requests are rendered with the model's chat template and the generation prompt,
+then tokenized without adding special tokens again. Token-id prompts are counted as given.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from dpd.router.protocol import ChatCompletionRequest, CompletionRequest
+
+
+class Tokenizer(Protocol):
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+
+    def apply_chat_template(self, conversation: list[dict[str, Any]], **kwargs: Any) -> Any: ...
+
+
+def load_tokenizer(path: str) -> Tokenizer:
+    # transformers' tokenizer classes do not import torch.
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+class TokenCounter:
+    def __init__(self, tokenizer: Tokenizer):
+        self._tokenizer = tokenizer
+
+    def count(self, parsed: CompletionRequest | ChatCompletionRequest) -> int:
+        if isinstance(parsed, ChatCompletionRequest):
+            return self.count_chat([_flatten(m.model_dump(exclude_none=True)) for m in parsed.messages])
+        if isinstance(parsed.prompt, list):
+            return len(parsed.prompt)
+        return len(self._tokenizer.encode(parsed.prompt, add_special_tokens=True))
+
+    def count_chat(self, messages: list[dict[str, Any]]) -> int:
+        rendered = self._tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return len(self._tokenizer.encode(rendered, add_special_tokens=False))
+
+
+def _flatten(message: dict[str, Any]) -> dict[str, Any]:
+    """Text-part lists become one string, as vLLM joins them before templating."""
+    content = message.get("content")
+    if isinstance(content, list):
+        message = {**message, "content": "\n".join(part["text"] for part in content)}
+    return message
