@@ -4,6 +4,8 @@
   dpd route --prefill URL --decode URL --tokenizer PATH   run the router alone
   dpd validate FILE [--schema]     check a config; print every error with its field path
   dpd prepare-model                prepare and cache the bundled model, print its path
+  dpd bench overhead               router overhead: direct vs dpd vs vllm-router
+  dpd bench pd-tail                disaggregated vs direct TTFT tail (the NIXL stall check)
 
 Flags override config fields; their defaults come from the config model (``dpd.config``), so a
 flag never disagrees with the file format about what the default is.
@@ -80,6 +82,15 @@ def _cmd_route(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench_overhead(args: argparse.Namespace) -> int:
+    from dpd.bench.overhead import run_overhead
+
+    return run_overhead(
+        args.router.rstrip("/"), args.decode.rstrip("/"), args.model_name, args.rounds, args.prompt_words,
+        with_peer=not args.no_peer, out_json=args.json,
+    )
+
+
 def _cmd_prepare_model(args: argparse.Namespace) -> int:
     from dpd.models.bundled import prepare_bundled_model
 
@@ -116,6 +127,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", nargs="?")
     p.add_argument("--schema", action="store_true", help="print the config's JSON schema instead")
     p.set_defaults(func=_cmd_validate)
+
+    p = sub.add_parser("bench", help="benchmarks")
+    bench = p.add_subparsers(dest="bench_command", required=True)
+    b = bench.add_parser("overhead", help="router overhead: direct vs dpd vs vllm-router, side by side")
+    b.add_argument("--router", default="http://127.0.0.1:8000", help="dpd router base URL")
+    b.add_argument("--decode", default="http://127.0.0.1:8101", help="a decode worker's base URL (the direct target)")
+    b.add_argument("--model-name", default="smollm2-135m")
+    b.add_argument("--rounds", type=int, default=100)
+    b.add_argument("--prompt-words", type=int, default=90, help="~100 tokens with the bundled tokenizer")
+    b.add_argument("--no-peer", action="store_true", help="skip vllm-router")
+    b.add_argument("--json", help="write raw samples here")
+    b.set_defaults(func=_cmd_bench_overhead)
+
+    b = bench.add_parser("pd-tail", help="P/D tail: sequential disaggregated vs direct TTFT, side by side")
+    b.add_argument("--router", default="http://127.0.0.1:8000", help="dpd router base URL")
+    b.add_argument("--raw", action="store_true", help="do the P/D hops here, straight to the workers (no dpd)")
+    b.add_argument("--prefill", default="http://127.0.0.1:8100", help="prefill worker (raw mode)")
+    b.add_argument("--decode", default="http://127.0.0.1:8101", help="decode worker (raw mode)")
+    b.add_argument("--model-name", default="smollm2-135m")
+    b.add_argument("--short", type=int, default=200, help="number of short prompts")
+    b.add_argument("--long", type=int, default=50, help="number of long prompts")
+    b.add_argument("--short-words", type=int, default=90, help="~100 tokens")
+    b.add_argument("--long-words", type=int, default=2700, help="~3,000 tokens")
+    b.set_defaults(func=lambda a: __import__("dpd.bench.pdtail", fromlist=["main"]).main(a))
 
     p = sub.add_parser("prepare-model", help="prepare the bundled model and print its path")
     p.set_defaults(func=_cmd_prepare_model)

@@ -2,8 +2,9 @@
 
 Pure functions (no processes, no I/O) so the plan is unit-tested and printed by
 ``dpd serve --dry-run``. Workers are numbered prefill first, then decode; worker *i* gets HTTP
-port ``workerBasePort + i`` and NIXL side-channel port ``sideChannelBasePort + 8*i`` (vLLM adds
-the TP/DP rank to the side-channel port, so ranks of one worker must not collide with the next).
+port ``workerBasePort + i`` and NIXL side-channel port ``sideChannelBasePort + stride*i``, the
+stride being max(8, tensor-parallel size): vLLM adds the rank to the side-channel port, so the
+ranks of one worker must not collide with the next.
 
 In colocated mode the same workers run as independent full servers: no KV transfer config and
 all of them in the router's decode pool. It is the baseline every benchmark compares against.
@@ -90,13 +91,14 @@ def plan_workers(
     pools = [("prefill", pd.prefillSpec), ("decode", pd.decodingSpec)]
     core_sets = _assign_cores(pools, cores)
     local = pd.local
+    stride = max(SIDE_CHANNEL_STRIDE, pd.prefillSpec.tensorParallelSize, pd.decodingSpec.tensorParallelSize)
     plans: list[WorkerPlan] = []
     index = 0
     for pool_name, pool in pools:
         kv_role = None if is_colocated else ("kv_producer" if pool_name == "prefill" else "kv_consumer")
         for replica in range(pool.replicas):
             port = local.workerBasePort + index
-            side_port = local.sideChannelBasePort + SIDE_CHANNEL_STRIDE * index
+            side_port = local.sideChannelBasePort + stride * index
             worker_cores = core_sets[index]
             command = [
                 python, "-m", "vllm.entrypoints.openai.api_server",

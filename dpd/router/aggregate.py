@@ -71,8 +71,12 @@ def is_usage_only(chunk: dict[str, Any]) -> bool:
     return not chunk.get("choices") and bool(chunk.get("usage"))
 
 
+def has_finish(chunk: dict[str, Any]) -> bool:
+    return any(choice.get("finish_reason") is not None for choice in chunk.get("choices") or ())
+
+
 def num_content_tokens(chunk: dict[str, Any]) -> int:
-    """1 if the chunk carries generated output (text, content or a finish), else 0."""
+    """1 if the chunk carries generated text or content, else 0 (finish-only chunks carry none)."""
     for choice in chunk.get("choices") or ():
         delta = choice.get("delta") or {}
         if choice.get("text") or delta.get("content") or delta.get("reasoning_content"):

@@ -30,7 +30,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from dpd.config.model import RouterSpec
-from dpd.router.aggregate import StreamAggregator, is_usage_only, num_content_tokens
+from dpd.router.aggregate import StreamAggregator, has_finish, is_usage_only, num_content_tokens
 from dpd.router.decide import ThresholdDecider
 from dpd.router.errors import ApiError, bad_request, model_not_found, worker_failed
 from dpd.router.flow import PdFlow, RequestContext, UpstreamStream
@@ -274,7 +274,9 @@ class _TokenTimer:
     def observe(self, chunk: dict[str, Any]) -> None:
         if chunk.get("usage"):
             self._num_output_tokens = chunk["usage"].get("completion_tokens")
-        if not num_content_tokens(chunk):
+        # A request whose first token is EOS streams only a finish chunk: that is its first token.
+        is_first_finish = self._last_token_at is None and has_finish(chunk)
+        if not num_content_tokens(chunk) and not is_first_finish:
             return
         now = time.monotonic()
         if self._last_token_at is None:

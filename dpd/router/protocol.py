@@ -35,7 +35,7 @@ class _Request(BaseModel):
     top_p: Annotated[Number, Field(gt=0, le=1)] | None = None
     top_k: Annotated[StrictInt, Field(ge=-1)] | None = None
     min_p: Annotated[Number, Field(ge=0, le=1)] | None = None
-    n: Literal[1] | None = None
+    n: Annotated[StrictInt, Field(ge=1, le=1)] | None = None
     stop: Stop = None
     stop_token_ids: list[StrictInt] | None = None
     presence_penalty: Annotated[Number, Field(ge=-2, le=2)] | None = None
@@ -54,7 +54,7 @@ class CompletionRequest(_Request):
     prompt: Annotated[StrictStr, Field(min_length=1)] | Annotated[list[StrictInt], Field(min_length=1)]
     echo: StrictBool | None = None
     logprobs: Annotated[StrictInt, Field(ge=0, le=20)] | None = None
-    best_of: Literal[1] | None = None
+    best_of: Annotated[StrictInt, Field(ge=1, le=1)] | None = None
     suffix: None = None
 
 
@@ -98,6 +98,8 @@ def parse_body(raw: bytes, kind: type[_Request]) -> tuple[dict[str, Any], _Reque
         raise bad_request("Request body is not valid UTF-8.", code="invalid_encoding") from None
     except json.JSONDecodeError as exc:
         raise bad_request(f"Request body is not valid JSON: {exc.msg} at position {exc.pos}.", code="invalid_json") from None
+    except (RecursionError, ValueError) as exc:  # nesting too deep, integers too long
+        raise bad_request(f"Request body is not acceptable JSON: {exc.__class__.__name__}.", code="invalid_json") from None
     if not isinstance(body, dict):
         raise bad_request("Request body must be a JSON object.", code="invalid_json")
     try:

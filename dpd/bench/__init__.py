@@ -1,0 +1,1 @@
+"""Benchmarks: router overhead now; trace-driven load and comparisons build on it."""

@@ -1,0 +1,110 @@
+"""A real `dpd serve` in a subprocess, as a user runs it: start, wait ready, Ctrl-C, check.
+
+Used by the integration tests (once per module). `stop()` sends SIGINT — what Ctrl-C sends —
+and returns the descendant processes still alive afterwards, which must be none.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import requests
+import yaml
+
+from dpd.config import load_config
+
+
+def write_config(path: Path, *, router_port: int, worker_base_port: int, side_channel_base_port: int, **pd_overrides) -> Path:
+    data = load_config().model_dump(exclude_none=True)
+    pd = data["spec"]["pdSpec"]
+    pd["router"]["port"] = router_port
+    pd["local"]["workerBasePort"] = worker_base_port
+    pd["local"]["sideChannelBasePort"] = side_channel_base_port
+    pd["local"]["runDir"] = str(path.parent / "run")
+    for key, value in pd_overrides.items():
+        pd[key] = value
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+class ServeProcess:
+    def __init__(self, config_path: Path, *extra_args: str, log_path: Path):
+        self.config = load_config(config_path)
+        self.url = f"http://127.0.0.1:{self.config.spec.pdSpec.router.port}"
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "dpd", "serve", str(config_path), *extra_args],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+
+    def wait_ready(self, timeout_s: float = 900) -> None:
+        deadline = time.monotonic() + timeout_s
+        last_print = 0.0
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"dpd serve exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                if requests.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            if time.monotonic() - last_print > 30:
+                last_print = time.monotonic()
+                print(f"waiting for {self.url}: {self.log_tail(1)}", file=sys.stderr, flush=True)
+            time.sleep(2)
+        raise TimeoutError(f"dpd serve not ready after {timeout_s}s:\n{self.log_tail()}")
+
+    def log_tail(self, n: int = 40) -> str:
+        self._log.flush()
+        return "\n".join(Path(self.log_path).read_text(errors="replace").splitlines()[-n:])
+
+    def descendants(self) -> list[psutil.Process]:
+        try:
+            return psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+    def worker_pid(self, name: str) -> int:
+        """PID of the vLLM API server of worker `name` (e.g. "prefill-0")."""
+        plan_ports = {"prefill": self.config.spec.pdSpec.local.workerBasePort}
+        index = int(name.split("-")[1])
+        if name.startswith("decode"):
+            index += self.config.spec.pdSpec.prefillSpec.replicas
+        port = plan_ports["prefill"] + index
+        for child in psutil.Process(self.proc.pid).children():
+            if f"--port {port} " in " ".join(child.cmdline()) + " ":
+                return child.pid
+        raise LookupError(name)
+
+    def stop(self, timeout_s: float = 60) -> list[psutil.Process]:
+        """Ctrl-C the launcher; return whatever of its process tree survived. Idempotent."""
+        if self._log.closed:
+            return []
+        tree = [*self.descendants()]
+        try:
+            tree.append(psutil.Process(self.proc.pid))
+        except psutil.NoSuchProcess:
+            pass
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+        gone, alive = psutil.wait_procs(tree, timeout=10)
+        for p in alive:  # never leave anything behind, even when the test fails
+            try:
+                os.kill(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self._log.close()
+        return alive

@@ -1,0 +1,218 @@
+"""End to end on a real `dpd serve`: one prefill and one decode vLLM worker, NIXL over UCX.
+
+The endpoint starts once for the module (~2.5 min on 2 cores). Steps, in file order:
+  1. the openai client gets answers; /v1/models lists the model
+  2. a ~3,000-token prompt is disaggregated: router counter + the decoder's NIXL transfer count
+  3. a ~100-token prompt goes direct
+  4. greedy output is token-identical on both paths; streaming works on both
+  5. bad input gets 4xx with an OpenAI-style body; the router keeps serving
+  6. a client disconnect aborts the request on the worker
+  7. kill -9 of the prefill worker under load: nothing fails, long prompts fall back, the
+     worker restarts and takes disaggregated traffic again
+  8. Ctrl-C leaves no process behind
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import openai
+import pytest
+import requests
+
+from tests.integration.helpers import GREEDY_RECORD, scrape, wait_healthy
+from tests.integration.endpoint import ServeProcess, write_config
+
+pytestmark = pytest.mark.integration
+
+ROUTER_PORT = 18000
+PREFILL_URL = "http://127.0.0.1:18100"
+DECODE_URL = "http://127.0.0.1:18101"
+MODEL = "smollm2-135m"
+
+
+@pytest.fixture(scope="module")
+def endpoint(tmp_path_factory, model_dir):
+    tmp = tmp_path_factory.mktemp("disagg")
+    config = write_config(
+        tmp / "endpoint.yaml", router_port=ROUTER_PORT, worker_base_port=18100, side_channel_base_port=15600,
+        routingThreshold=1024,
+    )
+    serve = ServeProcess(config, log_path=tmp / "serve.log")
+    try:
+        serve.wait_ready()
+        yield serve
+    finally:
+        serve.stop()  # idempotent; test_ctrl_c_leaves_no_process checks what it leaves
+
+
+@pytest.fixture(scope="module")
+def client(endpoint):
+    return openai.OpenAI(base_url=endpoint.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+def test_openai_client_chat_and_models(client):
+    models = client.models.list()
+    assert [m.id for m in models.data] == [MODEL]
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": "Name a color."}], max_tokens=8, temperature=0
+    )
+    reply = raw.parse()
+    assert reply.choices[0].message.content
+    assert reply.usage.completion_tokens >= 1
+    assert raw.headers["x-dpd-path"] == "direct"
+
+
+def test_long_prompt_is_disaggregated_and_kv_is_pulled(endpoint, client, make_prompt):
+    before_router = scrape(endpoint.url, "dpd_requests_total", path="disaggregated", outcome="ok")
+    before_xfers = scrape(DECODE_URL, "vllm:nixl_xfer_time_seconds_count")
+    raw = client.completions.with_raw_response.create(model=MODEL, prompt=make_prompt(3000, seed=1), max_tokens=8, temperature=0)
+    completion = raw.parse()
+    assert raw.headers["x-dpd-path"] == "disaggregated", raw.headers.get("x-dpd-fallback")
+    assert completion.usage.prompt_tokens >= 2900
+    assert scrape(endpoint.url, "dpd_requests_total", path="disaggregated", outcome="ok") == before_router + 1
+    assert scrape(DECODE_URL, "vllm:nixl_xfer_time_seconds_count") >= before_xfers + 1
+    assert scrape(endpoint.url, "dpd_prefill_hop_seconds_count") >= 1
+
+
+def test_short_prompt_goes_direct(endpoint, client, make_prompt):
+    before = scrape(endpoint.url, "dpd_decisions_total", path="direct", reason="below_threshold")
+    raw = client.completions.with_raw_response.create(model=MODEL, prompt=make_prompt(100, seed=2), max_tokens=4, temperature=0)
+    assert raw.headers["x-dpd-path"] == "direct"
+    assert scrape(endpoint.url, "dpd_decisions_total", path="direct", reason="below_threshold") == before + 1
+
+
+def _set_threshold(endpoint, value: int) -> None:
+    resp = requests.put(endpoint.url + "/admin/threshold", json={"threshold_tokens": value}, timeout=10)
+    assert resp.status_code == 200 and resp.json() == {"threshold_tokens": value}
+
+
+def test_greedy_output_identical_on_both_paths_and_streaming(endpoint, client, make_prompt):
+    prompt = make_prompt(1500, seed=3)
+    outputs = {}
+    for threshold, path in ((0, "disaggregated"), (100_000, "direct")):
+        _set_threshold(endpoint, threshold)
+        raw = client.completions.with_raw_response.create(
+            model=MODEL, prompt=prompt, max_tokens=24, temperature=0, logprobs=0
+        )
+        assert raw.headers["x-dpd-path"] == path
+        outputs[path] = raw.parse().choices[0].logprobs.tokens
+        # streaming on the same path gives the same tokens
+        stream = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0, stream=True)
+        assert "".join(c.choices[0].text for c in stream if c.choices) == "".join(outputs[path])
+    _set_threshold(endpoint, 1024)
+    assert outputs["disaggregated"] == outputs["direct"]
+    assert len(outputs["direct"]) == 24
+    GREEDY_RECORD["prompt"] = prompt
+    GREEDY_RECORD["text"] = "".join(outputs["direct"])
+
+
+def test_streaming_chat_on_disaggregated_path(endpoint, make_prompt):
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": make_prompt(1200, seed=4)}],
+        "max_tokens": 16,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    with requests.post(endpoint.url + "/v1/chat/completions", json=body, stream=True, timeout=300) as resp:
+        assert resp.status_code == 200
+        assert resp.headers["x-dpd-path"] == "disaggregated"
+        events = [line for line in resp.iter_lines() if line.startswith(b"data: ")]
+    assert events[-1] == b"data: [DONE]"
+    assert b'"usage"' in events[-2] and b'"completion_tokens":16' in events[-2]
+
+
+BAD_INPUTS = [
+    ("/v1/completions", b"{not json", 400),
+    ("/v1/completions", b"\xff\xfe", 400),
+    ("/v1/completions", b'{"model": "smollm2-135m", "prompt": "hi", "max_tokens": -1}', 400),
+    ("/v1/completions", b'{"model": "smollm2-135m", "prompt": "hi", "max_tokens": "10"}', 400),
+    ("/v1/completions", b'{"model": "nope", "prompt": "hi"}', 404),
+    ("/v1/completions", b'{"model": "smollm2-135m", "prompt": "hi", "bogus": 1}', 400),
+    ("/v1/completions", b'{"model": "smollm2-135m", "prompt": "hi", "max_tokens": 100000}', 400),
+    ("/v1/completions", b'{"model": "smollm2-135m", "prompt": "hi", "stream": "yes"}', 400),
+    ("/v1/chat/completions", b'{"model": "smollm2-135m", "messages": []}', 400),
+    ("/v1/chat/completions", b'{"model": "smollm2-135m", "messages": [{"role": "wizard", "content": "x"}]}', 400),
+    ("/v1/chat/completions", b'{"model": "smollm2-135m"}', 400),
+    ("/v1/nope", b"{}", 404),
+]
+
+
+@pytest.mark.parametrize("route, body, status", BAD_INPUTS)
+def test_bad_input_is_a_4xx_with_openai_body(endpoint, route, body, status):
+    resp = requests.post(endpoint.url + route, data=body, headers={"Content-Type": "application/json"}, timeout=30)
+    assert resp.status_code == status
+    error = resp.json()["error"]
+    assert error["message"] and error["type"]
+
+
+def test_over_long_prompt_is_rejected(endpoint, make_prompt):
+    body = {"model": MODEL, "prompt": make_prompt(9000, seed=5), "max_tokens": 4}
+    resp = requests.post(endpoint.url + "/v1/completions", json=body, timeout=60)
+    assert resp.status_code == 400
+    assert resp.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_client_disconnect_aborts_upstream(endpoint):
+    body = {"model": MODEL, "prompt": "Count to one thousand:", "max_tokens": 2000, "ignore_eos": True, "stream": True}
+    with requests.post(endpoint.url + "/v1/completions", json=body, stream=True, timeout=60) as resp:
+        assert resp.status_code == 200
+        next(resp.iter_lines())
+        assert scrape(DECODE_URL, "vllm:num_requests_running") == 1
+    deadline = time.monotonic() + 15
+    while scrape(DECODE_URL, "vllm:num_requests_running") > 0:
+        assert time.monotonic() < deadline, "decoder still generating for a client that left"
+        time.sleep(0.5)
+    assert scrape(endpoint.url, "dpd_client_disconnects_total") >= 1
+
+
+def test_kill_prefill_worker_under_load(endpoint, client, make_prompt):
+    """kill -9 the prefill worker while requests flow; nothing is lost, then it comes back."""
+    results: list[tuple[str, str]] = []
+    stop = threading.Event()
+
+    def load(seed: int) -> None:
+        i = 0
+        while not stop.is_set():
+            size = 1500 if i % 2 else 100
+            try:
+                raw = client.completions.with_raw_response.create(
+                    model=MODEL, prompt=make_prompt(size, seed=seed * 1000 + i), max_tokens=4, temperature=0
+                )
+                results.append((raw.headers["x-dpd-path"], "ok"))
+            except Exception as exc:  # recorded, asserted below
+                results.append(("error", repr(exc)))
+            i += 1
+
+    threads = [threading.Thread(target=load, args=(s,)) for s in (10, 11)]
+    for t in threads:
+        t.start()
+    time.sleep(5)
+    os.kill(endpoint.worker_pid("prefill-0"), signal.SIGKILL)
+    time.sleep(20)
+    stop.set()
+    for t in threads:
+        t.join(timeout=300)
+    errors = [r for r in results if r[0] == "error"]
+    assert not errors, errors
+    assert any(path in ("fallback", "direct") for path, _ in results)
+    # The launcher restarts the worker; the router sends it long prompts again once healthy.
+    wait_healthy(PREFILL_URL, timeout_s=400)
+    time.sleep(4)  # one router health-probe interval
+    raw = client.completions.with_raw_response.create(model=MODEL, prompt=make_prompt(1500, seed=99), max_tokens=4)
+    assert raw.headers["x-dpd-path"] == "disaggregated"
+    assert "prefill-0 exited" in endpoint.log_tail(400)
+
+
+def test_ctrl_c_leaves_no_process(endpoint):
+    descendants = endpoint.descendants()
+    assert len(descendants) >= 2  # both workers (and their engine cores) are running
+    survivors = endpoint.stop()
+    assert survivors == []
+    assert all(not p.is_running() for p in descendants)
+    assert "all workers stopped" in endpoint.log_tail(5)
