@@ -148,8 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--model-name", default="smollm2-135m")
     b.add_argument("--short", type=int, default=200, help="number of short prompts")
     b.add_argument("--long", type=int, default=50, help="number of long prompts")
-    b.add_argument("--short-words", type=int, default=90, help="~100 tokens")
-    b.add_argument("--long-words", type=int, default=2700, help="~3,000 tokens")
+    b.add_argument("--short-words", type=int, default=60, help="~100 tokens")
+    b.add_argument("--long-words", type=int, default=1800, help="~3,000 tokens")
     b.set_defaults(func=lambda a: __import__("dpd.bench.pdtail", fromlist=["main"]).main(a))
 
     p = sub.add_parser("prepare-model", help="prepare the bundled model and print its path")

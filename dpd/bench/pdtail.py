@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import re
 import sys
 import time
@@ -82,20 +83,18 @@ async def run(
 ) -> dict:
     samples = {"disaggregated": PathSamples(), "direct": PathSamples()}
     jobs = [short_words] * num_short + [long_words] * num_long
-    jobs.sort(key=lambda w: hash((w, jobs.index(w))))  # fixed interleaving of sizes
+    random.Random(0).shuffle(jobs)  # a fixed interleaving of sizes
     timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         before = await _router_counters(session, router_url) if router_url else {}
         for i, words in enumerate(jobs):
             for path in ("disaggregated", "direct"):
                 prompt = distinct_prompt(hash((i, path, words)) & 0xFFFFFFF, words)
-                if router_url is None:
+                if router_url is None and path == "disaggregated":
                     assert prefill_url
-                    ttft = await (_raw_pd(session, prefill_url, decode_url, model, prompt) if path == "disaggregated"
-                                  else measure_ttft(session, decode_url, model, prompt, max_tokens=4))
-                    taken = path if path == "direct" else "raw-pd"
-                    if isinstance(ttft, tuple):
-                        ttft = ttft[0]
+                    ttft, taken = await _raw_pd(session, prefill_url, decode_url, model, prompt), "raw-pd"
+                elif router_url is None:
+                    ttft, taken = (await measure_ttft(session, decode_url, model, prompt, max_tokens=4))[0], "direct"
                 else:
                     await _set_threshold(session, router_url, 0 if path == "disaggregated" else HUGE_THRESHOLD)
                     ttft, headers = await measure_ttft(session, router_url, model, prompt, max_tokens=4)

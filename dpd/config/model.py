@@ -93,7 +93,15 @@ class KvTransferSpec(_Frozen):
     kvLeaseDurationS: int = Field(
         default=30, ge=1, le=3600, description="How long a prefiller holds KV blocks no decoder has pulled."
     )
-    numThreads: int = Field(default=1, ge=1, le=64, description="NIXL/UCX progress threads per worker.")
+    numThreads: int = Field(default=1, ge=1, le=64, description="NIXL/UCX backend threads per worker.")
+    nixlProgressDelayUs: int = Field(
+        default=2000,
+        ge=0,
+        le=1_000_000,
+        description="Longest sleep of NIXL's progress thread between polls. NIXL's own value, 0, makes "
+        "it spin a core per worker and stalls the P/D path on machines without spare cores "
+        "(docs/pd-stall.md); it wakes early for every transfer or notification.",
+    )
     kvLoadFailurePolicy: Literal["fail", "recompute"] = Field(
         default="recompute", description="What a decoder does when a KV pull fails: error out or recompute the prefill."
     )

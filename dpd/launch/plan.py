@@ -16,10 +16,12 @@ import json
 import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from dpd.config.model import InferenceEndpointConfig, PoolSpec
 
 SIDE_CHANNEL_STRIDE = 8
+WORKER_SITE_DIR = Path(__file__).parent / "worker_site"
 
 
 class PlanError(ValueError):
@@ -59,6 +61,16 @@ def kv_transfer_config(config: InferenceEndpointConfig, kv_role: str) -> dict:
             "num_threads": kv.numThreads,
         },
     }
+
+
+def _nixl_env(config: InferenceEndpointConfig) -> dict[str, str]:
+    env = {"UCX_RCACHE_MAX_UNRELEASED": "1024"}  # what vLLM asks for; it cannot set it itself once NIXL is imported
+    delay_us = config.spec.pdSpec.kvTransferSpec.nixlProgressDelayUs
+    if delay_us > 0:
+        # worker_site/sitecustomize.py applies it: NIXL hard-codes 0, a spinning thread (docs/pd-stall.md).
+        env["DPD_NIXL_PROGRESS_DELAY_US"] = str(delay_us)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(WORKER_SITE_DIR), os.environ.get("PYTHONPATH", "")) if p)
+    return env
 
 
 def _assign_cores(pools: list[tuple[str, PoolSpec]], cores: list[int]) -> list[tuple[int, ...]]:
@@ -114,6 +126,7 @@ def plan_workers(
                 command += ["--kv-transfer-config", json.dumps(kv_transfer_config(config, kv_role), separators=(",", ":"))]
             command += list(pool.args)
             env = {
+                **(_nixl_env(config) if kv_role is not None else {}),
                 "VLLM_CPU_KVCACHE_SPACE": f"{pool.kvCacheGiB:g}",
                 "VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in worker_cores),
                 "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",

@@ -1,6 +1,7 @@
 """plan_workers: config -> exact worker commands, ports, cores and env (pure, no processes)."""
 
 import json
+import os
 
 import pytest
 
@@ -223,3 +224,18 @@ def test_rank_side_channel_ports_never_collide():
         return  # rejecting the config is an acceptable fix too
     used = [p.side_channel_port + rank for p in plans for rank in range(16)]
     assert len(used) == len(set(used))
+
+
+@pytest.mark.parametrize("delay_us, expect_shim", [(2000, True), (0, False)])
+def test_nixl_progress_delay_env(delay_us, expect_shim):
+    """Disaggregated workers get the NIXL progress-delay shim (docs/pd-stall.md); colocated never."""
+    cfg = config(kvTransferSpec={"nixlProgressDelayUs": delay_us})
+    for p in plan(cfg):
+        env = dict(p.env)
+        assert env["UCX_RCACHE_MAX_UNRELEASED"] == "1024"
+        assert ("DPD_NIXL_PROGRESS_DELAY_US" in env) is expect_shim
+        if expect_shim:
+            assert env["DPD_NIXL_PROGRESS_DELAY_US"] == str(delay_us)
+            assert env["PYTHONPATH"].split(os.pathsep)[0].endswith("worker_site")
+    for p in plan(cfg, is_colocated=True):
+        assert "DPD_NIXL_PROGRESS_DELAY_US" not in dict(p.env)

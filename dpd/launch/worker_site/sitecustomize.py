@@ -1,0 +1,34 @@
+"""Imported by every Python process of a dpd-launched vLLM worker (dpd puts this directory on
+the workers' PYTHONPATH). It changes one NIXL setting that vLLM does not expose.
+
+NIXL's Python agent hard-codes ``pthrDelay = 0`` (``nixl._api``): the UCX backend's progress
+thread then calls ``poll()`` with a zero timeout in a loop — one thread per worker spinning at
+100% of a core, forever, idle or not. With fewer spare cores than workers it starves the
+workers' own compute and scheduler threads and the P/D path stalls for seconds at random
+(docs/pd-stall.md). With a non-zero delay the same thread sleeps in ``poll()`` on UCX's event
+fds and wakes as soon as a transfer or notification arrives (or after the delay at most).
+
+The thread itself must stay: on transports without one-sided reads (TCP on loopback), the
+prefiller's progress thread is what serves the decoder's KV reads.
+
+``DPD_NIXL_PROGRESS_DELAY_US`` (set by dpd's launcher) is the delay; unset = NIXL's behaviour.
+"""
+
+import os
+
+_delay_us = os.environ.get("DPD_NIXL_PROGRESS_DELAY_US")
+if _delay_us:
+    try:
+        import nixl._api as _nixl_api  # resolves to nixl_cu12/13._api
+
+        _bindings = _nixl_api.nixlBind
+        _make_agent = _bindings.nixlAgent
+
+        def _agent_with_progress_delay(name, config, *args, **kwargs):
+            if getattr(config, "useProgThread", False) and config.pthrDelay == 0:
+                config.pthrDelay = int(_delay_us)
+            return _make_agent(name, config, *args, **kwargs)
+
+        _bindings.nixlAgent = _agent_with_progress_delay
+    except Exception as exc:  # never keep a worker from starting over this
+        print(f"dpd worker_site: could not set the NIXL progress delay: {exc!r}", flush=True)
