@@ -5,6 +5,7 @@
   dpd validate FILE [--schema]     check a config; print every error with its field path
   dpd prepare-model                prepare and cache the bundled model, print its path
   dpd bench overhead               router overhead: direct vs dpd vs vllm-router
+  dpd bench audit                  token histograms and demanded rates of a trace
   dpd bench pd-tail                disaggregated vs direct TTFT tail (the NIXL stall check)
 
 Flags override config fields; their defaults come from the config model (``dpd.config``), so a
@@ -18,10 +19,14 @@ import asyncio
 import json
 import logging
 import sys
+from pathlib import Path
 from typing import Any
 
 from dpd.config import ConfigError, InferenceEndpointConfig, json_schema, load_config, parse_config
 from dpd.config.model import DEFAULT_ROUTING_THRESHOLD_TOKENS, RouterSpec
+
+# The shared trace beside a checkout (../shared/traces/azure-llm-2023).
+DEFAULT_TRACE_DIR = Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure-llm-2023"
 
 
 def with_overrides(config: InferenceEndpointConfig, args: argparse.Namespace) -> InferenceEndpointConfig:
@@ -91,6 +96,16 @@ def _cmd_bench_overhead(args: argparse.Namespace) -> int:
     )
 
 
+def _cmd_bench_audit(args: argparse.Namespace) -> int:
+    from dpd.bench.audit import audit, render
+    from dpd.bench.workloads import Scaling, load_azure_trace, scale
+
+    scaling = Scaling(rate_multiplier=args.rate_multiplier, max_prompt_tokens=args.max_prompt_tokens)
+    trace = scale(load_azure_trace(args.trace, tuple(args.sources.split(","))), scaling)
+    print(render(audit(trace, args.threshold), f"{args.sources} from {args.trace}; {scaling.describe()}"))
+    return 0
+
+
 def _cmd_prepare_model(args: argparse.Namespace) -> int:
     from dpd.models.bundled import prepare_bundled_model
 
@@ -151,6 +166,14 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--short-words", type=int, default=60, help="~100 tokens")
     b.add_argument("--long-words", type=int, default=1800, help="~3,000 tokens")
     b.set_defaults(func=lambda a: __import__("dpd.bench.pdtail", fromlist=["main"]).main(a))
+
+    b = bench.add_parser("audit", help="token histograms and demanded token rates of a trace")
+    b.add_argument("--trace", default=str(DEFAULT_TRACE_DIR), help="directory of the Azure LLM trace CSVs")
+    b.add_argument("--sources", default="conv,code", help="which trace files to merge")
+    b.add_argument("--threshold", type=int, default=DEFAULT_ROUTING_THRESHOLD_TOKENS)
+    b.add_argument("--rate-multiplier", type=float, default=1.0)
+    b.add_argument("--max-prompt-tokens", type=int, help="fit prompts into a model's context")
+    b.set_defaults(func=_cmd_bench_audit)
 
     p = sub.add_parser("prepare-model", help="prepare the bundled model and print its path")
     p.set_defaults(func=_cmd_prepare_model)

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from dpd.bench.stats import percentile
+
 WORDS = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa".split()
 
 
@@ -51,15 +53,6 @@ async def measure_ttft(session: aiohttp.ClientSession, base_url: str, model: str
         async for _ in resp.content:  # drain to [DONE]
             pass
     return ttft, dict(resp.headers)
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    k = (len(ordered) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
 @dataclass

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from dpd.bench.overhead import distinct_prompt, measure_ttft, percentile
+from dpd.bench.overhead import distinct_prompt, measure_ttft
+from dpd.bench.stats import percentile
 
 HUGE_THRESHOLD = 1_000_000
 

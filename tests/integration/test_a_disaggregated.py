@@ -202,7 +202,7 @@ def test_no_pd_stall_regression(endpoint, make_prompt):
     assert scrape(endpoint.url, "dpd_pd_stalls_total") == stalls_before
 
 
-def test_kill_prefill_worker_under_load(endpoint, client, make_prompt):
+def test_kill_prefill_worker_under_load(endpoint, client, make_prompt, capsys):
     """kill -9 the prefill worker while requests flow; nothing is lost, then it comes back."""
     results: list[tuple[str, str]] = []
     stop = threading.Event()
@@ -230,6 +230,9 @@ def test_kill_prefill_worker_under_load(endpoint, client, make_prompt):
     for t in threads:
         t.join(timeout=300)
     errors = [r for r in results if r[0] == "error"]
+    with capsys.disabled():
+        counts = {path: sum(1 for p, _ in results if p == path) for path in {p for p, _ in results}}
+        print(f"\n[kill -9 prefill] requests by path during the 25 s window: {counts}")
     assert not errors, errors
     assert any(path in ("fallback", "direct") for path, _ in results)
     # The launcher restarts the worker; the router sends it long prompts again once healthy.

@@ -1,0 +1,66 @@
+"""Benchmark metrics, defined as ``vllm bench serve`` defines them.
+
+Per request: TTFT (request sent → first token), E2E, the inter-token gaps, and
+TPOT = (E2E − TTFT) / (N − 1) for N ≥ 2 output tokens. ITL pools every gap of every request.
+SLO attainment is the share of requests meeting both the TTFT and the TPOT SLO (a request
+with one output token has no TPOT and meets that SLO trivially); goodput is those requests
+per second of the run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default), q in [0, 1]; NaN when empty."""
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    k = (len(ordered) - 1) * q
+    lo = int(k)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+@dataclass
+class RequestRecord:
+    ttft_s: float
+    e2e_s: float
+    num_output_tokens: int
+    itls_s: list[float] = field(default_factory=list)
+    path: str = ""
+    request_class: str = ""
+    is_ok: bool = True
+
+    @property
+    def tpot_s(self) -> float | None:
+        if self.num_output_tokens < 2:
+            return None
+        return (self.e2e_s - self.ttft_s) / (self.num_output_tokens - 1)
+
+
+@dataclass(frozen=True)
+class Slo:
+    ttft_s: float
+    tpot_s: float
+
+    def is_met(self, r: RequestRecord) -> bool:
+        tpot = r.tpot_s
+        return r.is_ok and r.ttft_s <= self.ttft_s and (tpot is None or tpot <= self.tpot_s)
+
+
+def summarize(records: list[RequestRecord], duration_s: float, slo: Slo) -> dict[str, float]:
+    ok = [r for r in records if r.is_ok]
+    ttfts = [r.ttft_s for r in ok]
+    tpots = [t for r in ok if (t := r.tpot_s) is not None]
+    itls = [gap for r in ok for gap in r.itls_s]
+    num_met = sum(slo.is_met(r) for r in records)
+    out: dict[str, float] = {"num_requests": len(records), "num_failed": len(records) - len(ok)}
+    for name, values in (("ttft", ttfts), ("tpot", tpots), ("itl", itls)):
+        for q in (50, 90, 99):
+            out[f"{name}_p{q}_s"] = percentile(values, q / 100)
+    out["slo_attainment"] = num_met / len(records) if records else float("nan")
+    out["goodput_rps"] = num_met / duration_s if duration_s > 0 else float("nan")
+    out["throughput_rps"] = len(ok) / duration_s if duration_s > 0 else float("nan")
+    return out

@@ -1,0 +1,115 @@
+"""Benchmark metrics against hand-computed values on a small known trace."""
+
+import math
+
+import pytest
+
+from dpd.bench.audit import audit
+from dpd.bench.stats import RequestRecord, Slo, percentile, summarize
+from dpd.bench.workloads import Scaling, TraceRequest, load_azure_trace, scale
+
+
+@pytest.mark.parametrize(
+    "values, q, expected",
+    [
+        ([1, 2, 3, 4], 0.5, 2.5),
+        ([1, 2, 3, 4], 0.0, 1),
+        ([1, 2, 3, 4], 1.0, 4),
+        ([10], 0.99, 10),
+        ([0, 10], 0.9, 9.0),
+        ([3, 1, 2], 0.5, 2),  # unsorted input
+    ],
+)
+def test_percentile(values, q, expected):
+    assert percentile(values, q) == pytest.approx(expected)
+
+
+def test_percentile_of_nothing_is_nan():
+    assert math.isnan(percentile([], 0.5))
+
+
+@pytest.mark.parametrize(
+    "record, expected_tpot",
+    [
+        (RequestRecord(ttft_s=0.5, e2e_s=2.5, num_output_tokens=5), 0.5),  # (2.5-0.5)/(5-1)
+        (RequestRecord(ttft_s=1.0, e2e_s=1.0, num_output_tokens=1), None),
+        (RequestRecord(ttft_s=0.2, e2e_s=0.3, num_output_tokens=2), 0.1),
+    ],
+)
+def test_tpot(record, expected_tpot):
+    assert record.tpot_s == (pytest.approx(expected_tpot) if expected_tpot is not None else None)
+
+
+def test_summary_on_a_known_run():
+    records = [
+        # meets both SLOs (ttft 0.5 <= 1, tpot (1.3-0.5)/4 = 0.2 <= 0.25)
+        RequestRecord(0.5, 1.3, 5, itls_s=[0.2, 0.2, 0.2, 0.2]),
+        # misses TTFT
+        RequestRecord(2.0, 2.4, 3, itls_s=[0.2, 0.2]),
+        # misses TPOT: (2.0-0.4)/4 = 0.4
+        RequestRecord(0.4, 2.0, 5, itls_s=[0.4, 0.4, 0.4, 0.4]),
+        # one token: no TPOT, meets TTFT
+        RequestRecord(0.1, 0.1, 1),
+        # failed: never meets
+        RequestRecord(0.1, 0.1, 0, is_ok=False),
+    ]
+    s = summarize(records, duration_s=10.0, slo=Slo(ttft_s=1.0, tpot_s=0.25))
+    assert s["num_requests"] == 5 and s["num_failed"] == 1
+    assert s["slo_attainment"] == pytest.approx(2 / 5)
+    assert s["goodput_rps"] == pytest.approx(0.2)
+    assert s["throughput_rps"] == pytest.approx(0.4)
+    # TTFTs of the ok requests: [0.5, 2.0, 0.4, 0.1] -> sorted [0.1, 0.4, 0.5, 2.0]; p50 = 0.45
+    assert s["ttft_p50_s"] == pytest.approx(0.45)
+    # TPOTs: [0.2, 0.2, 0.4] -> p50 0.2
+    assert s["tpot_p50_s"] == pytest.approx(0.2)
+    # ITL pools 10 gaps: six of 0.2, four of 0.4 -> p50 = 0.2, p90 = 0.4
+    assert s["itl_p50_s"] == pytest.approx(0.2)
+    assert s["itl_p90_s"] == pytest.approx(0.4)
+
+
+TRACE = [
+    TraceRequest(0.0, 100, 10, "conv"),
+    TraceRequest(30.0, 3000, 20, "code"),
+    TraceRequest(60.0, 500, 30, "conv"),
+    TraceRequest(120.0, 5000, 40, "code"),
+]
+
+
+def test_audit_of_a_known_trace():
+    a = audit(TRACE, threshold_tokens=2048)
+    assert a.num_requests == 4
+    assert a.duration_s == 120.0
+    assert a.share_requests_above == 0.5
+    assert a.share_prompt_tokens_above == pytest.approx(8000 / 8600)
+    assert a.mean_prefill_tokens_per_s == pytest.approx(8600 / 120)
+    assert a.mean_decode_tokens_per_s == pytest.approx(100 / 120)
+    # minute 0 holds 3,100 prompt tokens, minute 1 holds 500, minute 2 holds 5,000
+    assert a.peak_minute_prefill_tokens_per_s == pytest.approx(5000 / 60)
+    assert a.prompt_histogram["<128"] == 1 and a.prompt_histogram["<4096"] == 1 and a.prompt_histogram["<8192"] == 1
+
+
+@pytest.mark.parametrize(
+    "scaling, expected",
+    [
+        (Scaling(rate_multiplier=2.0), [(0.0, 100, 10), (15.0, 3000, 20), (30.0, 500, 30), (60.0, 5000, 40)]),
+        (Scaling(max_prompt_tokens=2048, max_output_tokens=25), [(0.0, 100, 10), (30.0, 2048, 20), (60.0, 500, 25), (120.0, 2048, 25)]),
+        (Scaling(output_scale=0.05), [(0.0, 100, 1), (30.0, 3000, 1), (60.0, 500, 2), (120.0, 5000, 2)]),
+    ],
+)
+def test_scaling(scaling, expected):
+    assert [(r.arrival_s, r.num_prompt_tokens, r.num_output_tokens) for r in scale(TRACE, scaling)] == expected
+
+
+def test_load_azure_trace_merges_by_time(tmp_path):
+    (tmp_path / "AzureLLMInferenceTrace_conv.csv").write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:00:00.5000000,10,1\n2023-11-16 18:00:02.0000000,30,3\n"
+    )
+    (tmp_path / "AzureLLMInferenceTrace_code.csv").write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:00:01.2500000,20,2\n"
+    )
+    trace = load_azure_trace(tmp_path)
+    assert [(r.arrival_s, r.num_prompt_tokens, r.source) for r in trace] == [
+        (0.0, 10, "conv"), (pytest.approx(0.75), 20, "code"), (1.5, 30, "conv")
+    ]
+    with pytest.raises(ValueError, match="unknown trace source"):
+        load_azure_trace(tmp_path, ("chat",))
