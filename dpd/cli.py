@@ -5,6 +5,7 @@
   dpd validate FILE [--schema]     check a config; print every error with its field path
   dpd prepare-model                prepare and cache the bundled model, print its path
   dpd bench overhead               router overhead: direct vs dpd vs vllm-router
+  dpd bench run                    scenarios side by side on the Azure trace
   dpd bench audit                  token histograms and demanded rates of a trace
   dpd bench pd-tail                disaggregated vs direct TTFT tail (the NIXL stall check)
 
@@ -96,6 +97,25 @@ def _cmd_bench_overhead(args: argparse.Namespace) -> int:
     )
 
 
+def _cmd_bench_run(args: argparse.Namespace) -> int:
+    from dpd.bench.run import SCENARIOS, BenchSpec, run
+    from dpd.bench.stats import Slo
+
+    scenarios = tuple(s for s in args.scenarios.split(",") if s)
+    unknown = set(scenarios) - set(SCENARIOS)
+    if unknown:
+        print(f"dpd bench run: unknown scenario(s) {sorted(unknown)}; allowed: {', '.join(SCENARIOS)}", file=sys.stderr)
+        return 2
+    spec = BenchSpec(
+        trace_dir=args.trace, rates_rps=tuple(float(r) for r in args.rates.split(",")), duration_s=args.duration,
+        threshold_tokens=args.threshold, slo=Slo(args.slo_ttft, args.slo_tpot), max_prompt_tokens=args.max_prompt_tokens,
+        max_output_tokens=args.max_output_tokens, output_scale=args.output_scale, scenarios=scenarios,
+    )
+    results = run(spec, Path(args.out))
+    print((Path(args.out) / "report.md").read_text())
+    return 0 if results else 1
+
+
 def _cmd_bench_audit(args: argparse.Namespace) -> int:
     from dpd.bench.audit import audit, render
     from dpd.bench.workloads import Scaling, load_azure_trace, scale
@@ -166,6 +186,20 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--short-words", type=int, default=60, help="~100 tokens")
     b.add_argument("--long-words", type=int, default=1800, help="~3,000 tokens")
     b.set_defaults(func=lambda a: __import__("dpd.bench.pdtail", fromlist=["main"]).main(a))
+
+    b = bench.add_parser("run", help="scenarios side by side on the Azure trace: colocated, dpd, dpd-always, vllm-router")
+    b.add_argument("--scenarios", default="colocated,dpd,dpd-always,vllm-router")
+    b.add_argument("--rates", default="0.1,0.25", help="request rates (req/s) to sweep")
+    b.add_argument("--duration", type=float, default=90, help="seconds of trace per rate")
+    b.add_argument("--threshold", type=int, default=1024, help="routing threshold of the dpd scenario")
+    b.add_argument("--slo-ttft", type=float, default=10.0, help="TTFT SLO, seconds")
+    b.add_argument("--slo-tpot", type=float, default=0.2, help="TPOT SLO, seconds")
+    b.add_argument("--max-prompt-tokens", type=int, default=4096)
+    b.add_argument("--max-output-tokens", type=int, default=64)
+    b.add_argument("--output-scale", type=float, default=0.5)
+    b.add_argument("--trace", default=str(DEFAULT_TRACE_DIR))
+    b.add_argument("--out", default="results/bench", help="directory for results.json and report.md")
+    b.set_defaults(func=_cmd_bench_run)
 
     b = bench.add_parser("audit", help="token histograms and demanded token rates of a trace")
     b.add_argument("--trace", default=str(DEFAULT_TRACE_DIR), help="directory of the Azure LLM trace CSVs")

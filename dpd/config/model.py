@@ -80,6 +80,9 @@ class RouterSpec(_Frozen):
     directFirstTokenTimeoutS: float = Field(
         default=300.0, gt=0, description="Deadline for the first token on the direct path."
     )
+    streamIdleTimeoutS: float = Field(
+        default=120.0, gt=0, description="Longest silence between two chunks of a worker's stream before it is failed."
+    )
     healthIntervalS: float = Field(default=2.0, gt=0, description="Active health probe period.")
     adminKey: str | None = Field(
         default=None, description="Bearer key for /admin/*; unset = admin API only from loopback."

@@ -31,14 +31,17 @@ from dpd.launch.plan import WorkerPlan
 log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
+# Loaded once here: dlopen between fork and exec of a multi-threaded parent can deadlock.
+try:
+    _LIBC = ctypes.CDLL("libc.so.6", use_errno=True)
+except OSError:  # not glibc: workers then only die with the launcher through stop()
+    _LIBC = None
 
 
 def _child_setup(cores: tuple[int, ...]) -> None:
-    """Runs in the child between fork and exec."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass
+    """Runs in the child between fork and exec: async-signal-safe calls only."""
+    if _LIBC is not None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     if cores:
         os.sched_setaffinity(0, cores)
 

@@ -64,6 +64,7 @@ class Endpoint:
         self._stop = asyncio.Event()
         self._workers: list[WorkerProcess] = []
         self._supervisors: list[asyncio.Task] = []
+        self._announcers: set[asyncio.Task] = set()
 
     def say(self, message: str) -> None:
         print(f"[dpd] {message}", file=self._out, flush=True)
@@ -87,6 +88,8 @@ class Endpoint:
         router_spec = spec.pdSpec.router
         self.say(f"model: {spec.modelSourceConfig.modelSourceType} {spec.modelSourceConfig.modelLocation or ''}".rstrip())
         model_path = await asyncio.to_thread(resolve_model, spec.modelSourceConfig)
+        if self._stop.is_set():  # Ctrl-C while the model was being prepared
+            return 130
         plans = plan_workers(self.config, model_path, is_colocated=self.is_colocated)
         ports = {p.port: f"{p.name} HTTP" for p in plans}
         if not self.is_colocated:
@@ -118,11 +121,12 @@ class Endpoint:
         self.say(f"ready: http://{router_spec.host}:{router_spec.port}/v1 (model {spec.modelName!r}, threshold {settings.threshold_tokens} tokens)")
         stop_wait = asyncio.create_task(self._stop.wait())
         await asyncio.wait({stop_wait, server_task}, return_when=asyncio.FIRST_COMPLETED)
-        self.say("stopping")
+        is_router_crash = not self._stop.is_set()
+        self.say("router exited unexpectedly; stopping" if is_router_crash else "stopping")
         server.should_exit = True
         await asyncio.gather(server_task, return_exceptions=True)
         stop_wait.cancel()
-        return 0
+        return 1 if is_router_crash else 0
 
     def router_settings(self, plans: list[WorkerPlan], model_path: str) -> RouterSettings:
         spec = self.config.spec
@@ -169,18 +173,28 @@ class Endpoint:
         return True
 
     async def _supervise(self, worker: WorkerProcess) -> None:
-        backoff_s = self.config.spec.pdSpec.local.restartBackoffS
+        """Restart ``worker`` whenever it exits; back off exponentially while it keeps crashing."""
+        base_s = self.config.spec.pdSpec.local.restartBackoffS
+        num_quick_crashes = 0
         while not self._stop.is_set():
             code = await worker.wait()
             if self._stop.is_set():
                 return
             worker.kill_group()  # leftover children of the dead worker
-            self.say(f"{worker.plan.name} exited with code {code}; restarting in {backoff_s:.0f}s")
+            # A worker that ran for 10 minutes crashed for a new reason: start over at the base delay.
+            num_quick_crashes = num_quick_crashes + 1 if time.monotonic() - worker.started_at < 600 else 1
+            backoff_s = min(base_s * 2 ** (num_quick_crashes - 1), 300.0)
+            self.say(f"{worker.plan.name} exited with code {code}; restarting in {backoff_s:.0f}s (log: {worker.log_path})")
             await asyncio.sleep(backoff_s)
             if self._stop.is_set():
                 return
-            await worker.start()
-            asyncio.create_task(self._announce_healthy(worker))
+            try:
+                await worker.start()
+            except OSError as exc:
+                self.say(f"{worker.plan.name} could not be restarted: {exc}; retrying")
+                continue
+            self._announcers.add(task := asyncio.create_task(self._announce_healthy(worker)))
+            task.add_done_callback(self._announcers.discard)
 
     async def _announce_healthy(self, worker: WorkerProcess) -> None:
         async with aiohttp.ClientSession() as session:

@@ -25,7 +25,7 @@ from typing import Any
 import aiohttp
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -33,7 +33,7 @@ from dpd.config.model import RouterSpec
 from dpd.router.aggregate import StreamAggregator, has_finish, is_usage_only, num_content_tokens
 from dpd.router.decide import ThresholdDecider
 from dpd.router.errors import ApiError, bad_request, model_not_found, worker_failed
-from dpd.router.flow import PdFlow, RequestContext, UpstreamStream
+from dpd.router.flow import WORKER_ERRORS, PdFlow, RequestContext, UpstreamStream
 from dpd.router.metrics import RouterMetrics
 from dpd.router.pick import make_picker
 from dpd.router.pools import HealthProber, Pool, Worker, make_pool
@@ -75,8 +75,10 @@ class Router:
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=0, force_close=False)
-        self._session = aiohttp.ClientSession(connector=connector)
+        # keep-alive below uvicorn's 5 s (vLLM's server), so we never POST on a closing connection;
+        # a large read buffer for long SSE lines (prompt logprobs arrive in one chunk).
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4)
+        self._session = aiohttp.ClientSession(connector=connector, read_bufsize=4 * 1024 * 1024)
         self.flow = PdFlow(self._session, self.prefill, self.decode, self.picker, self.settings.spec, self.metrics)
         self._prober = HealthProber([self.prefill, self.decode], self._session, self.settings.spec.healthIntervalS, self._on_worker_change)
         await self._prober.probe_once()
@@ -109,10 +111,15 @@ class Router:
         headers = {"x-request-id": request_id}
         path_label = "none"
         try:
-            body, parsed = parse_body(await request.body(), kind)
+            try:
+                raw = await request.body()
+            except ClientDisconnect:
+                raise _ClientGone() from None
+            body, parsed = parse_body(raw, kind)
             if parsed.model != self.settings.model_name:
                 raise model_not_found(parsed.model)
-            num_prompt_tokens = self._count(parsed)
+            # Off the event loop: a long prompt must not freeze every stream being relayed.
+            num_prompt_tokens = await asyncio.to_thread(self._count, parsed)
             self._check_length(num_prompt_tokens, requested_max_tokens(parsed))
             decision = self.decider.decide(num_prompt_tokens, has_prefill_capacity=bool(self.prefill.available()))
             self.metrics.decisions.labels(decision.path.value, decision.reason.value).inc()
@@ -140,6 +147,10 @@ class Router:
             self.metrics.client_disconnects.labels(path_label).inc()
             self.metrics.requests.labels(path_label, "client_gone").inc()
             return Response(status_code=499)
+        except Exception:  # a bug of ours: still an OpenAI-style error, and logged with the id
+            log.exception("request %s: internal error", request_id)
+            self.metrics.requests.labels(path_label, "500").inc()
+            return ApiError(500, "Internal router error; see the router log for request " + request_id, type="api_error").response(headers)
 
     def _count(self, parsed: CompletionRequest | ChatCompletionRequest) -> int:
         try:
@@ -176,13 +187,13 @@ class Router:
                     continue
                 yield raw + b"\n\n"
             yield b"data: [DONE]\n\n"
-        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+        except (*WORKER_ERRORS, asyncio.TimeoutError) as exc:
             outcome = "worker_error"
             error = worker_failed(stream.worker.pool, stream.worker.name, f"stream broke: {exc.__class__.__name__}")
             log.warning("request %s: %s", ctx.request_id, error.message)
             yield error.sse_event()
             yield b"data: [DONE]\n\n"
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, GeneratorExit):
             outcome = "client_gone"
             self.metrics.client_disconnects.labels(stream.path_label).inc()
             raise
@@ -204,14 +215,15 @@ class Router:
                 aggregator.add(chunk)
             outcome = "ok"
             return aggregator.result()
-        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+        except (*WORKER_ERRORS, asyncio.TimeoutError) as exc:
             raise worker_failed(stream.worker.pool, stream.worker.name, f"stream broke: {exc.__class__.__name__}") from None
         except asyncio.CancelledError:
             outcome = "client_gone"
             raise
         finally:
             stream.close()
-            timer.finish(outcome, count_request=outcome != "worker_error")
+            # Failures and disconnects are counted once, by _serve.
+            timer.finish(outcome, count_request=outcome == "ok")
 
     # -- the rest of the API ---------------------------------------------------------------
     async def models(self, request: Request) -> Response:
@@ -304,14 +316,16 @@ async def _until_disconnect(request: Request, coro: Any) -> Any:
     watcher = asyncio.ensure_future(watch())
     try:
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-            watcher.cancel()
-            raise _ClientGone()
+    except asyncio.CancelledError:  # we are being cancelled (shutdown): not a client disconnect
+        task.cancel()
         watcher.cancel()
+        raise
+    watcher.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        raise _ClientGone()
     return task.result()
 
 

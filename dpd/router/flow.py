@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+import aiohttp.http_exceptions
 
 from dpd.config.model import RouterSpec
 from dpd.router.decide import Path
@@ -43,6 +44,8 @@ log = logging.getLogger(__name__)
 
 FALLBACK = "fallback"  # the path label of a disaggregated request served direct instead
 _CONNECT_ERRORS = (aiohttp.ClientConnectionError, OSError)
+# Anything a broken or misbehaving worker can make aiohttp raise while we read its response.
+WORKER_ERRORS = (aiohttp.ClientError, aiohttp.http_exceptions.HttpProcessingError, ValueError, OSError)
 
 
 @dataclass
@@ -200,12 +203,15 @@ class PdFlow:
                             raise error
                         log.warning("request %s: prefill %s: %s", ctx.request_id, worker.name, error.message)
                         return None, "prefill_error"
-                    data = await resp.json()
+                    data = await resp.json(content_type=None)
+            except _CONNECT_ERRORS as exc:
+                worker.mark_failed(f"prefill hop: {exc.__class__.__name__}")
+                return None, "prefill_error"
             except asyncio.TimeoutError:
                 log.warning("request %s: prefill %s timed out", ctx.request_id, worker.name)
                 return None, "prefill_timeout"
-            except _CONNECT_ERRORS as exc:
-                worker.mark_failed(f"prefill hop: {exc.__class__.__name__}")
+            except WORKER_ERRORS as exc:
+                log.warning("request %s: prefill %s: bad response (%s)", ctx.request_id, worker.name, exc.__class__.__name__)
                 return None, "prefill_error"
         kv_params = data.get("kv_transfer_params") if isinstance(data, dict) else None
         if not kv_params:
@@ -270,19 +276,24 @@ class PdFlow:
                     worker.url + ctx.endpoint,
                     json=body,
                     headers={"X-Request-Id": ctx.request_id},
-                    timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
+                    # sock_read bounds the silence between chunks once the stream flows, so a
+                    # frozen worker ends the request with an error instead of hanging it.
+                    timeout=aiohttp.ClientTimeout(total=None, sock_connect=5, sock_read=self._spec.streamIdleTimeoutS),
                 )
                 if resp.status != 200:
                     raise await _error_from(resp, worker)
                 stream = UpstreamStream(worker, path_label, resp, resp.content.__aiter__())
                 await stream.read_first()
-        except TimeoutError:
-            self._discard(stream, resp)
-            raise _Stall() from None
         except _CONNECT_ERRORS as exc:
             self._discard(stream, resp)
             worker.mark_failed(f"decode hop: {exc.__class__.__name__}")
             raise worker_failed(worker.pool, worker.name, f"unreachable ({exc.__class__.__name__})") from None
+        except TimeoutError:
+            self._discard(stream, resp)
+            raise _Stall() from None
+        except WORKER_ERRORS as exc:
+            self._discard(stream, resp)
+            raise worker_failed(worker.pool, worker.name, f"broken response ({exc.__class__.__name__})") from None
         except BaseException:
             self._discard(stream, resp)
             raise

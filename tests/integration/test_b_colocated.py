@@ -13,7 +13,8 @@ import pytest
 import requests
 
 from tests.integration.helpers import GREEDY_RECORD, scrape
-from tests.integration.endpoint import ServeProcess, write_config
+from dpd.launch.child import ServeProcess, write_config
+from tests.integration.test_a_disaggregated import WORKER_ARGS
 
 pytestmark = pytest.mark.integration
 
@@ -24,7 +25,9 @@ WORKER_URLS = ("http://127.0.0.1:18200", "http://127.0.0.1:18201")
 @pytest.fixture(scope="module")
 def endpoint(tmp_path_factory, model_dir):
     tmp = tmp_path_factory.mktemp("colocated")
-    config = write_config(tmp / "endpoint.yaml", router_port=18010, worker_base_port=18200, side_channel_base_port=15700)
+    config = write_config(
+        tmp / "endpoint.yaml", router_port=18010, worker_base_port=18200, side_channel_base_port=15700, worker_args=WORKER_ARGS
+    )
     serve = ServeProcess(config, "--colocated", log_path=tmp / "serve.log")
     try:
         serve.wait_ready()

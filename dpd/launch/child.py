@@ -1,7 +1,8 @@
 """A real `dpd serve` in a subprocess, as a user runs it: start, wait ready, Ctrl-C, check.
 
-Used by the integration tests (once per module). `stop()` sends SIGINT — what Ctrl-C sends —
-and returns the descendant processes still alive afterwards, which must be none.
+Used by the integration tests and the benchmarks, which need whole endpoints they can start
+and stop. `stop()` sends SIGINT — what Ctrl-C sends — and returns the descendant processes
+still alive afterwards, which must be none (any that are get SIGKILL).
 """
 
 from __future__ import annotations
@@ -20,9 +21,15 @@ import yaml
 from dpd.config import load_config
 
 
-def write_config(path: Path, *, router_port: int, worker_base_port: int, side_channel_base_port: int, **pd_overrides) -> Path:
+def write_config(
+    path: Path, *, router_port: int, worker_base_port: int, side_channel_base_port: int,
+    worker_args: tuple[str, ...] = (), **pd_overrides,
+) -> Path:
+    """The embedded default config on other ports, with ``pdSpec`` fields overridden."""
     data = load_config().model_dump(exclude_none=True)
     pd = data["spec"]["pdSpec"]
+    for pool in ("prefillSpec", "decodingSpec"):
+        pd[pool]["args"] = list(worker_args)
     pd["router"]["port"] = router_port
     pd["local"]["workerBasePort"] = worker_base_port
     pd["local"]["sideChannelBasePort"] = side_channel_base_port
@@ -64,7 +71,8 @@ class ServeProcess:
         raise TimeoutError(f"dpd serve not ready after {timeout_s}s:\n{self.log_tail()}")
 
     def log_tail(self, n: int = 40) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return "\n".join(Path(self.log_path).read_text(errors="replace").splitlines()[-n:])
 
     def descendants(self) -> list[psutil.Process]:

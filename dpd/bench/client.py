@@ -1,0 +1,108 @@
+"""Open-loop, streaming load client: replays a trace against an OpenAI-compatible endpoint.
+
+Each request is sent at its trace arrival time whatever the state of earlier ones (open loop:
+a slow server faces a queue, as in production). Prompts are token-id lists of exactly the
+trace's length, random and so distinct per request (no prefix-cache hits); outputs are forced
+to the trace's length with ``ignore_eos``. Per request it records TTFT, every inter-chunk gap,
+E2E, token counts and the path the router reports (``x-dpd-path``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import sys
+import time
+
+import aiohttp
+
+from dpd.bench.stats import RequestRecord
+from dpd.bench.workloads import TraceRequest
+
+# Token ids drawn from the middle of the vocabulary: ordinary word pieces, no special tokens.
+TOKEN_ID_RANGE = (1000, 40000)
+
+
+def prompt_token_ids(num_tokens: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(*TOKEN_ID_RANGE) for _ in range(num_tokens)]
+
+
+def request_class(num_prompt_tokens: int, threshold_tokens: int) -> str:
+    return "long" if num_prompt_tokens >= threshold_tokens else "short"
+
+
+async def send(
+    session: aiohttp.ClientSession, url: str, model: str, request: TraceRequest, seed: int, threshold_tokens: int
+) -> RequestRecord:
+    body = {
+        "model": model,
+        "prompt": prompt_token_ids(request.num_prompt_tokens, seed),
+        "max_tokens": request.num_output_tokens,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    record = RequestRecord(ttft_s=float("nan"), e2e_s=float("nan"), num_output_tokens=0,
+                           request_class=request_class(request.num_prompt_tokens, threshold_tokens))
+    started = time.perf_counter()
+    last = None
+    try:
+        async with session.post(url + "/v1/completions", json=body) as resp:
+            record.path = resp.headers.get("x-dpd-path", "")
+            if resp.status != 200:
+                record.is_ok = False
+                await resp.read()
+                return record
+            async for line in resp.content:
+                if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    record.is_ok = False
+                    continue
+                if chunk.get("usage"):
+                    record.num_output_tokens = chunk["usage"].get("completion_tokens") or 0
+                if any(c.get("text") for c in chunk.get("choices") or ()):
+                    now = time.perf_counter()
+                    if last is None:
+                        record.ttft_s = now - started
+                    else:
+                        record.itls_s.append(now - last)
+                    last = now
+    except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError):
+        record.is_ok = False
+    record.e2e_s = time.perf_counter() - started
+    if last is None:
+        record.is_ok = False
+    return record
+
+
+async def replay(
+    url: str, model: str, trace: list[TraceRequest], *, threshold_tokens: int, seed: int = 0,
+    timeout_s: float = 900, progress: bool = True,
+) -> tuple[list[RequestRecord], float]:
+    """Send every request of ``trace`` at its arrival offset; return the records and the run time."""
+    records: list[RequestRecord | None] = [None] * len(trace)
+    done = 0
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+        start = time.perf_counter()
+
+        async def one(i: int, request: TraceRequest) -> None:
+            nonlocal done
+            delay = request.arrival_s - (time.perf_counter() - start)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            records[i] = await send(session, url, model, request, seed * 1_000_003 + i, threshold_tokens)
+            done += 1
+            if progress:
+                print(f"\r  {done}/{len(trace)} requests done", end="", file=sys.stderr, flush=True)
+
+        await asyncio.gather(*(one(i, r) for i, r in enumerate(trace)))
+        duration_s = time.perf_counter() - start
+    if progress:
+        print(file=sys.stderr)
+    return [r for r in records if r is not None], duration_s
