@@ -15,10 +15,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+
+import requests
 
 from dpd.bench.client import replay
 from dpd.bench.overhead import peer_router
@@ -92,7 +95,7 @@ def scenario_endpoint(name: str, spec: BenchSpec, work_dir: Path):
 
 def run_scenario(name: str, spec: BenchSpec, base: list[TraceRequest], work_dir: Path) -> dict:
     results: dict = {"scenario": name, "rates": []}
-    with scenario_endpoint(name, spec, work_dir) as (url, _):
+    with scenario_endpoint(name, spec, work_dir) as (url, serve):
         warmup = [TraceRequest(0.0, 100, 4, "warmup"), TraceRequest(0.5, spec.threshold_tokens + 100, 4, "warmup")]
         asyncio.run(replay(url, spec.model, warmup, threshold_tokens=spec.threshold_tokens, seed=999, progress=False))
         for rate in spec.rates_rps:
@@ -108,6 +111,12 @@ def run_scenario(name: str, spec: BenchSpec, base: list[TraceRequest], work_dir:
                 "records": [asdict(r) for r in records],
             }
             results["rates"].append(entry)
+        # The router's own account of the P/D path: every stall past the deadline is counted.
+        metrics = requests.get(serve.url + "/metrics", timeout=10).text
+        results["router_counters"] = {
+            name: sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+]+)$", metrics, re.M))
+            for name in ("dpd_pd_stalls_total", "dpd_fallbacks_total")
+        }
     ok = [e["rate_rps"] for e in results["rates"] if e["all"]["slo_attainment"] >= CAPACITY_ATTAINMENT]
     results["capacity_rps"] = max(ok) if ok else 0.0
     return results
@@ -148,6 +157,13 @@ def report(results: dict) -> str:
                 f"| {name} | {e['rate_rps']:g} | {a['num_requests']:.0f} | {a['slo_attainment']:.0%} | {a['goodput_rps']:.3f} | "
                 f"{_ms(a['ttft_p99_s'])} | {_ms(a['itl_p99_s'])} | {_ms(a['tpot_p99_s'])} | {_ms(short.get('itl_p99_s', float('nan')))} |"
             )
+    lines += ["", "| scenario | P/D stalls past the deadline | fallbacks to direct |", "|---|---|---|"]
+    for name, sc in results["scenarios"].items():
+        c = sc.get("router_counters", {})
+        if name == "vllm-router":  # its requests bypass dpd's router
+            lines.append(f"| {name} | n/a | n/a |")
+        else:
+            lines.append(f"| {name} | {c.get('dpd_pd_stalls_total', 0):.0f} | {c.get('dpd_fallbacks_total', 0):.0f} |")
     lines += ["", "| scenario | capacity (req/s) | capacity ÷ colocated |", "|---|---|---|"]
     base = results["scenarios"].get("colocated", {}).get("capacity_rps") or float("nan")
     for name, sc in results["scenarios"].items():

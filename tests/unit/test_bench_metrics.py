@@ -113,3 +113,16 @@ def test_load_azure_trace_merges_by_time(tmp_path):
     ]
     with pytest.raises(ValueError, match="unknown trace source"):
         load_azure_trace(tmp_path, ("chat",))
+
+
+def test_trace_at_rate_keeps_the_window_and_hits_the_rate():
+    from dpd.bench.run import TRACE_OFFSET, BenchSpec, trace_at_rate
+
+    base = [TraceRequest(float(i), 100 + i, 10, "conv") for i in range(TRACE_OFFSET + 100)]  # 1 req/s
+    spec = BenchSpec("x", (0.25,), duration_s=40, threshold_tokens=1024, slo=Slo(1, 1),
+                     max_prompt_tokens=4096, max_output_tokens=64, output_scale=1.0)
+    trace, scaling = trace_at_rate(base, spec, 0.25)
+    assert len(trace) == 10  # 0.25 req/s x 40 s
+    assert trace[0].arrival_s == 0.0 and trace[-1].arrival_s == pytest.approx(36.0)  # 9 gaps of 4 s
+    assert trace[0].num_prompt_tokens == 100 + TRACE_OFFSET
+    assert scaling.rate_multiplier == pytest.approx(0.25)
