@@ -84,6 +84,11 @@ class RouterSpec(_Frozen):
         default=120.0, gt=0, description="Longest silence between two chunks of a worker's stream before it is failed."
     )
     healthIntervalS: float = Field(default=2.0, gt=0, description="Active health probe period.")
+    maxInFlight: int | None = Field(
+        default=None, ge=1, description="Admission: requests served at once (unset = no limit); more wait in a queue."
+    )
+    maxQueue: int = Field(default=64, ge=0, description="Admission: requests that may wait; past that, 429.")
+    queueTimeoutS: float = Field(default=30.0, gt=0, description="Admission: longest wait in the queue before a 429.")
     adminKey: str | None = Field(
         default=None, description="Bearer key for /admin/*; unset = admin API only from loopback."
     )

@@ -130,17 +130,19 @@ class Endpoint:
 
     def router_settings(self, plans: list[WorkerPlan], model_path: str) -> RouterSettings:
         spec = self.config.spec
-        prefill = tuple(p.url for p in plans if p.pool == "prefill" and not self.is_colocated)
-        decode = tuple(p.url for p in plans if p.pool == "decode" or self.is_colocated)
+        prefill = [p for p in plans if p.pool == "prefill" and not self.is_colocated]
+        decode = [p for p in plans if p.pool == "decode" or self.is_colocated]
         return RouterSettings(
             spec=spec.pdSpec.router,
             model_name=spec.modelName,
             max_model_len=spec.maxModelLen,
             tokenizer_path=model_path,
             threshold_tokens=spec.pdSpec.routingThreshold,
-            prefill_urls=prefill,
-            decode_urls=decode,
+            prefill_urls=tuple(p.url for p in prefill),
+            decode_urls=tuple(p.url for p in decode),
             is_colocated=self.is_colocated,
+            prefill_names=tuple(p.name for p in prefill),
+            decode_names=tuple(p.name for p in decode),
         )
 
     async def _wait_healthy(self, timeout_s: float) -> bool:

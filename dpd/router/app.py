@@ -18,7 +18,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +30,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from dpd.config.model import RouterSpec
+from dpd.router.admission import AdmissionGate
 from dpd.router.aggregate import StreamAggregator, has_finish, is_usage_only, num_content_tokens
 from dpd.router.decide import ThresholdDecider
 from dpd.router.errors import ApiError, bad_request, model_not_found, worker_failed
@@ -53,6 +54,9 @@ class RouterSettings:
     prefill_urls: tuple[str, ...]
     decode_urls: tuple[str, ...]
     is_colocated: bool = False
+    # The launcher's worker names, so metrics and errors name the log file to read.
+    prefill_names: tuple[str, ...] = ()
+    decode_names: tuple[str, ...] = ()
 
 
 class _ClientGone(Exception):
@@ -63,11 +67,13 @@ class Router:
     def __init__(self, settings: RouterSettings, tokenizer: Tokenizer | None = None):
         self.settings = settings
         self.metrics = RouterMetrics()
-        self.prefill = make_pool("prefill", list(settings.prefill_urls))
-        self.decode = make_pool("decode", list(settings.decode_urls))
+        self.prefill = make_pool("prefill", list(settings.prefill_urls), list(settings.prefill_names) or None)
+        self.decode = make_pool("decode", list(settings.decode_urls), list(settings.decode_names) or None)
         self.decider = ThresholdDecider(settings.threshold_tokens, is_colocated=settings.is_colocated)
         self.counter = TokenCounter(tokenizer or load_tokenizer(settings.tokenizer_path))
         self.picker = make_picker(settings.spec.picker)
+        spec = settings.spec
+        self.gate = AdmissionGate(spec.maxInFlight, spec.maxQueue, spec.queueTimeoutS) if spec.maxInFlight else None
         self.metrics.threshold.set(settings.threshold_tokens)
         self._session: aiohttp.ClientSession | None = None
         self._prober: HealthProber | None = None
@@ -110,6 +116,7 @@ class Router:
         request_id = uuid.uuid4().hex
         headers = {"x-request-id": request_id}
         path_label = "none"
+        release_slot = _noop
         try:
             try:
                 raw = await request.body()
@@ -125,6 +132,7 @@ class Router:
             self.metrics.decisions.labels(decision.path.value, decision.reason.value).inc()
             ctx = RequestContext(request_id, endpoint, body, decision.path, num_prompt_tokens)
             assert self.flow is not None
+            release_slot = await _until_disconnect(request, self._admit())
             stream = await _until_disconnect(request, self.flow.open(ctx))
             path_label = stream.path_label
             headers["x-dpd-path"] = path_label
@@ -133,9 +141,12 @@ class Router:
             self.metrics.prompt_tokens.labels(path_label).observe(num_prompt_tokens)
             if parsed.stream:
                 want_usage = bool((parsed.stream_options or {}).get("include_usage"))
-                return StreamingResponse(
-                    self._relay(ctx, stream, want_usage), media_type="text/event-stream", headers=headers
+                response = _RelayResponse(
+                    self._relay(ctx, stream, want_usage), on_close=(stream.close, release_slot),
+                    media_type="text/event-stream", headers=headers,
                 )
+                release_slot = _noop  # the response releases it when the stream ends, however it ends
+                return response
             result = await _until_disconnect(request, self._aggregate(ctx, stream, kind is ChatCompletionRequest))
             return JSONResponse(result, headers=headers)
         except ApiError as error:
@@ -151,6 +162,30 @@ class Router:
             log.exception("request %s: internal error", request_id)
             self.metrics.requests.labels(path_label, "500").inc()
             return ApiError(500, "Internal router error; see the router log for request " + request_id, type="api_error").response(headers)
+        finally:
+            release_slot()
+
+    async def _admit(self) -> Callable[[], None]:
+        """Take an admission slot (waiting in the queue if need be); return its release."""
+        if self.gate is None:
+            return _noop
+        try:
+            waited_s = await self.gate.acquire()
+        except ApiError:
+            self.metrics.shed.inc()
+            raise
+        finally:
+            self.metrics.queue_depth.set(self.gate.queue_depth)
+        self.metrics.queue_wait.observe(waited_s)
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self.gate.release()
+
+        return release
 
     def _count(self, parsed: CompletionRequest | ChatCompletionRequest) -> int:
         try:
@@ -271,6 +306,26 @@ class Router:
             return
         if request.headers.get("authorization") != f"Bearer {key}":
             raise ApiError(401, "A valid admin key is required.", type="authentication_error")
+
+
+def _noop() -> None:
+    pass
+
+
+class _RelayResponse(StreamingResponse):
+    """A streaming response that runs its cleanups however it ends — even if the client left
+    before the first byte and the relay generator never started (its ``finally`` then never runs)."""
+
+    def __init__(self, content: AsyncIterator[bytes], on_close: tuple[Callable[[], None], ...], **kwargs: Any):
+        super().__init__(content, **kwargs)
+        self._on_close = on_close
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            for close in self._on_close:
+                close()
 
 
 class _TokenTimer:

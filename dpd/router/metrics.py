@@ -56,5 +56,11 @@ class RouterMetrics:
             "dpd_client_disconnects", "Requests aborted because the client went away.", ["path"], registry=r
         )
 
+        self.shed = Counter("dpd_shed_requests", "Requests refused with 429 by admission control.", registry=r)
+        self.queue_depth = Gauge("dpd_admission_queue_depth", "Requests waiting for admission.", registry=r)
+        self.queue_wait = Histogram(
+            "dpd_admission_wait_seconds", "Time admitted requests waited in the queue.", buckets=LATENCY_BUCKETS_S, registry=r
+        )
+
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

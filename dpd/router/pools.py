@@ -72,8 +72,12 @@ class Pool:
         return len(self.workers)
 
 
-def make_pool(name: str, urls: list[str]) -> Pool:
-    return Pool(name, [Worker(f"{name}-{i}", url.rstrip("/"), name) for i, url in enumerate(urls)])
+def make_pool(name: str, urls: list[str], worker_names: list[str] | None = None) -> Pool:
+    """A pool of workers named ``worker_names`` (the launcher's names) or ``<pool>-<i>``."""
+    names = worker_names or [f"{name}-{i}" for i in range(len(urls))]
+    if len(names) != len(urls):
+        raise ValueError(f"{name} pool: {len(urls)} URLs but {len(names)} names")
+    return Pool(name, [Worker(n, url.rstrip("/"), name) for n, url in zip(names, urls)])
 
 
 class HealthProber:

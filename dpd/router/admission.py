@@ -1,0 +1,91 @@
+"""Admission control: a bounded number of requests in flight, a bounded queue, a queue timeout.
+
+A request first takes a slot of the ``AdmissionGate``. With a slot free it proceeds at once;
+otherwise it waits in a FIFO queue of at most ``max_queue`` requests for at most
+``queue_timeout_s``. A full queue or an expired wait is a 429 with ``Retry-After``: the
+endpoint sheds load it cannot serve within its SLO instead of letting every request's latency
+grow without bound (DPD does not replace admission control). Slots are released when the
+request finishes, however it finishes.
+
+Invariants: ``num_in_flight <= max_in_flight``; ``len(queue) <= max_queue``; a waiter that
+gives up (timeout or cancellation) never takes a slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import time
+from collections.abc import AsyncIterator
+
+from dpd.router.errors import ApiError
+
+
+def overloaded(reason: str, retry_after_s: float) -> ApiError:
+    return ApiError(429, f"The endpoint is overloaded ({reason}); retry later.", type="rate_limit_error",
+                    code="overloaded", retry_after_s=retry_after_s)
+
+
+class AdmissionGate:
+    def __init__(self, max_in_flight: int, max_queue: int, queue_timeout_s: float):
+        if max_in_flight < 1 or max_queue < 0 or queue_timeout_s <= 0:
+            raise ValueError("max_in_flight >= 1, max_queue >= 0 and queue_timeout_s > 0 are required")
+        self.max_in_flight = max_in_flight
+        self.max_queue = max_queue
+        self.queue_timeout_s = queue_timeout_s
+        self.num_in_flight = 0
+        self.num_shed = 0
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self.last_wait_s = 0.0
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._waiters)
+
+    @contextlib.asynccontextmanager
+    async def admit(self) -> AsyncIterator[float]:
+        """Hold one slot for the block; yields the seconds spent queued."""
+        waited_s = await self.acquire()
+        try:
+            yield waited_s
+        finally:
+            self.release()
+
+    async def acquire(self) -> float:
+        """Take a slot, queueing if none is free; raise a 429 ``ApiError`` when shed.
+        Every successful ``acquire`` must be matched by exactly one ``release``."""
+        if self.num_in_flight < self.max_in_flight and not self._waiters:
+            self.num_in_flight += 1
+            return 0.0
+        if len(self._waiters) >= self.max_queue:
+            self.num_shed += 1
+            raise overloaded("queue full", self.queue_timeout_s)
+        started = time.monotonic()
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter), self.queue_timeout_s)
+        except (asyncio.TimeoutError, asyncio.CancelledError) as exc:
+            if waiter.done() and not waiter.cancelled():
+                # The slot was handed to us just as we gave up: pass it on.
+                self.release()
+            else:
+                waiter.cancel()
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            self.num_shed += 1
+            raise overloaded(f"queued longer than {self.queue_timeout_s:g}s", self.queue_timeout_s) from None
+        self.last_wait_s = time.monotonic() - started
+        return self.last_wait_s
+
+    def release(self) -> None:
+        # Hand the slot straight to the oldest live waiter; num_in_flight stays the same.
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self.num_in_flight -= 1
