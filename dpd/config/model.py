@@ -81,7 +81,7 @@ class RouterSpec(_Frozen):
         default=300.0, gt=0, description="Deadline for the first token on the direct path."
     )
     streamIdleTimeoutS: float = Field(
-        default=120.0, gt=0, description="Longest silence between two chunks of a worker's stream before it is failed."
+        default=300.0, gt=0, description="Longest silence between two chunks of a worker's stream before it is failed."
     )
     healthIntervalS: float = Field(default=2.0, gt=0, description="Active health probe period.")
     maxInFlight: int | None = Field(

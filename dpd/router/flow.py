@@ -43,7 +43,9 @@ from dpd.router.pools import Pool, Worker
 log = logging.getLogger(__name__)
 
 FALLBACK = "fallback"  # the path label of a disaggregated request served direct instead
-_CONNECT_ERRORS = (aiohttp.ClientConnectionError, OSError)
+# NOTE: TimeoutError is an OSError; every except chain below handles timeouts first, then
+# these, then the rest of WORKER_ERRORS (which includes OSError).
+_CONNECT_ERRORS = (aiohttp.ClientConnectionError, ConnectionError)
 # Anything a broken or misbehaving worker can make aiohttp raise while we read its response.
 WORKER_ERRORS = (aiohttp.ClientError, aiohttp.http_exceptions.HttpProcessingError, ValueError, OSError)
 
@@ -204,12 +206,12 @@ class PdFlow:
                         log.warning("request %s: prefill %s: %s", ctx.request_id, worker.name, error.message)
                         return None, "prefill_error"
                     data = await resp.json(content_type=None)
+            except asyncio.TimeoutError:  # the hop's deadline (aiohttp's own timeouts are connection errors)
+                log.warning("request %s: prefill %s timed out", ctx.request_id, worker.name)
+                return None, "prefill_timeout"
             except _CONNECT_ERRORS as exc:
                 worker.mark_failed(f"prefill hop: {exc.__class__.__name__}")
                 return None, "prefill_error"
-            except asyncio.TimeoutError:
-                log.warning("request %s: prefill %s timed out", ctx.request_id, worker.name)
-                return None, "prefill_timeout"
             except WORKER_ERRORS as exc:
                 log.warning("request %s: prefill %s: bad response (%s)", ctx.request_id, worker.name, exc.__class__.__name__)
                 return None, "prefill_error"
@@ -284,11 +286,11 @@ class PdFlow:
                     raise await _error_from(resp, worker)
                 stream = UpstreamStream(worker, path_label, resp, resp.content.__aiter__())
                 await stream.read_first()
-        except _CONNECT_ERRORS as exc:
+        except _CONNECT_ERRORS as exc:  # includes aiohttp's connect/read timeouts
             self._discard(stream, resp)
             worker.mark_failed(f"decode hop: {exc.__class__.__name__}")
             raise worker_failed(worker.pool, worker.name, f"unreachable ({exc.__class__.__name__})") from None
-        except TimeoutError:
+        except TimeoutError:  # our first-token deadline
             self._discard(stream, resp)
             raise _Stall() from None
         except WORKER_ERRORS as exc:

@@ -1,0 +1,161 @@
+"""The router's P/D flow against scripted HTTP workers: fallbacks, stalls, admission.
+
+These are component tests of dpd's own logic — the workers are small aiohttp servers that
+speak the vLLM wire format and can be told to fail or stall. What vLLM itself does is covered
+by tests/integration, which start real workers; nothing here claims end-to-end behaviour.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from dpd.config.model import RouterSpec
+from dpd.router.app import Router, RouterSettings, build_app
+
+
+class WordTokenizer:
+    def encode(self, text, add_special_tokens=True):
+        return text.split()
+
+    def apply_chat_template(self, conversation, **kwargs):
+        return " ".join(m["content"] for m in conversation)
+
+
+class ScriptedWorker:
+    """Answers prefill hops with kv_transfer_params and decode hops with three tokens."""
+
+    def __init__(self, *, prefill_status: int = 200, first_token_delay_s: float = 0.0, token_delay_s: float = 0.0):
+        self.prefill_status = prefill_status
+        self.first_token_delay_s = first_token_delay_s
+        self.token_delay_s = token_delay_s
+        self.bodies: list[dict] = []
+        app = web.Application()
+        app.router.add_get("/health", self.health)
+        app.router.add_post("/v1/completions", self.completions)
+        self.server = TestServer(app)
+
+    @property
+    def url(self) -> str:
+        return str(self.server.make_url("")).rstrip("/")
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.json_response({})
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.bodies.append(body)
+        kv = body.get("kv_transfer_params") or {}
+        if kv.get("do_remote_decode"):
+            if self.prefill_status != 200:
+                return web.json_response({"error": {"message": "boom"}}, status=self.prefill_status)
+            return web.json_response({"choices": [{"text": "x"}], "kv_transfer_params": {"remote_request_id": "r", "do_remote_prefill": True}})
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        delay = self.first_token_delay_s if kv.get("do_remote_prefill") else 0
+        await asyncio.sleep(delay)
+        for i, text in enumerate("abc"):
+            if i:
+                await asyncio.sleep(self.token_delay_s)
+            chunk = {"id": "c", "created": 1, "model": "m", "choices": [{"index": 0, "text": text, "finish_reason": "length" if i == 2 else None}]}
+            await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        usage = {"id": "c", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}}
+        await resp.write(b"data: " + json.dumps(usage).encode() + b"\n\ndata: [DONE]\n\n")
+        return resp
+
+
+@pytest.fixture
+async def make_router():
+    started: list[tuple[Router, list[ScriptedWorker]]] = []
+
+    async def make(prefill: ScriptedWorker | None, decode: ScriptedWorker, threshold: int = 0, **spec) -> httpx.AsyncClient:
+        workers = [w for w in (prefill, decode) if w]
+        for w in workers:
+            await w.server.start_server()
+        settings = RouterSettings(
+            spec=RouterSpec(healthIntervalS=0.2, **spec), model_name="m", max_model_len=1000, tokenizer_path="",
+            threshold_tokens=threshold, prefill_urls=(prefill.url,) if prefill else (), decode_urls=(decode.url,),
+            is_colocated=prefill is None,
+        )
+        router = Router(settings, tokenizer=WordTokenizer())
+        await router.start()
+        started.append((router, workers))
+        return httpx.AsyncClient(transport=httpx.ASGITransport(app=build_app(router)), base_url="http://router", timeout=30)
+
+    yield make
+    for router, workers in started:
+        await router.stop()
+        for w in workers:
+            await w.server.close()
+
+
+def metric(router_text: str, name: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in router_text.splitlines() if line.startswith(name))
+
+
+BODY = {"model": "m", "prompt": "one two three four", "max_tokens": 3}
+
+
+async def test_disaggregated_hops_and_aggregation(make_router):
+    prefill, decode = ScriptedWorker(), ScriptedWorker()
+    client = await make_router(prefill, decode, threshold=0)
+    resp = await client.post("/v1/completions", json=BODY)
+    assert resp.status_code == 200 and resp.headers["x-dpd-path"] == "disaggregated"
+    assert resp.json()["choices"][0]["text"] == "abc" and resp.json()["usage"]["completion_tokens"] == 3
+    hop1, hop2 = prefill.bodies[0], decode.bodies[0]
+    assert hop1["max_tokens"] == 1 and hop1["stream"] is False and hop1["kv_transfer_params"]["do_remote_decode"]
+    assert hop2["kv_transfer_params"] == {"remote_request_id": "r", "do_remote_prefill": True}  # forwarded untouched
+    assert hop2["max_tokens"] == 3 and hop2["stream"] is True
+
+
+async def test_prefill_error_falls_back_to_direct(make_router):
+    client = await make_router(ScriptedWorker(prefill_status=500), ScriptedWorker(), threshold=0)
+    resp = await client.post("/v1/completions", json=BODY)
+    assert resp.status_code == 200
+    assert (resp.headers["x-dpd-path"], resp.headers["x-dpd-fallback"]) == ("fallback", "prefill_error")
+
+
+async def test_decode_stall_is_cancelled_counted_and_served_direct(make_router):
+    decode = ScriptedWorker(first_token_delay_s=1.0)  # stalls only when it must pull KV
+    client = await make_router(ScriptedWorker(), decode, threshold=0, decodeFirstTokenTimeoutS=0.2)
+    resp = await client.post("/v1/completions", json={**BODY, "stream": True})
+    assert resp.status_code == 200 and resp.headers["x-dpd-fallback"] == "decode_stall"
+    assert resp.text.endswith("data: [DONE]\n\n") and '"text": "a"' in resp.text
+    text = (await client.get("/metrics")).text
+    assert metric(text, "dpd_pd_stalls_total") == 1
+    assert metric(text, 'dpd_fallbacks_total{reason="decode_stall"}') == 1
+
+
+async def test_short_prompt_goes_direct(make_router):
+    prefill = ScriptedWorker()
+    client = await make_router(prefill, ScriptedWorker(), threshold=100)
+    resp = await client.post("/v1/completions", json=BODY)
+    assert resp.headers["x-dpd-path"] == "direct" and prefill.bodies == []
+
+
+async def test_admission_sheds_with_429_when_full(make_router):
+    client = await make_router(None, ScriptedWorker(token_delay_s=0.5), maxInFlight=1, maxQueue=0)
+    first = asyncio.create_task(client.post("/v1/completions", json=BODY))
+    await asyncio.sleep(0.2)
+    second = await client.post("/v1/completions", json=BODY)
+    assert second.status_code == 429 and second.headers["retry-after"]
+    assert second.json()["error"]["type"] == "rate_limit_error"
+    assert (await first).status_code == 200
+    third = await client.post("/v1/completions", json=BODY)  # the slot came back
+    assert third.status_code == 200
+    assert metric((await client.get("/metrics")).text, "dpd_shed_requests_total") == 1
+
+
+async def test_no_decoder_is_a_503_with_retry_after(make_router):
+    decode = ScriptedWorker()
+    client = await make_router(None, decode)
+    await decode.server.close()
+    for _ in range(2):  # the first failure marks it down; then the pool is empty
+        resp = await client.post("/v1/completions", json=BODY)
+    assert resp.status_code == 503 and resp.headers["retry-after"]
+    assert "decode pool" in resp.json()["error"]["message"]
