@@ -82,7 +82,7 @@ async def run(
     *, router_url: str | None, prefill_url: str | None, decode_url: str, model: str,
     num_short: int, num_long: int, short_words: int, long_words: int,
 ) -> dict:
-    samples = {"disaggregated": PathSamples(), "direct": PathSamples()}
+    samples = {f"{path}/{size}": PathSamples() for path in ("disaggregated", "direct") for size in ("short", "long")}
     jobs = [short_words] * num_short + [long_words] * num_long
     random.Random(0).shuffle(jobs)  # a fixed interleaving of sizes
     timeout = aiohttp.ClientTimeout(total=600)
@@ -100,16 +100,20 @@ async def run(
                     await _set_threshold(session, router_url, 0 if path == "disaggregated" else HUGE_THRESHOLD)
                     ttft, headers = await measure_ttft(session, router_url, model, prompt, max_tokens=4)
                     taken = headers.get("x-dpd-path", "?")
-                samples[path].ttfts_s.append(ttft)
-                samples[path].paths.append(taken)
+                key = f"{path}/{'short' if words == short_words else 'long'}"
+                samples[key].ttfts_s.append(ttft)
+                samples[key].paths.append(taken)
             if (i + 1) % 25 == 0:
                 print(f"  {i + 1}/{len(jobs)} prompts", file=sys.stderr, flush=True)
         after = await _router_counters(session, router_url) if router_url else {}
         if router_url:
             await _set_threshold(session, router_url, 2048)
-    result = {path: s.summary() for path, s in samples.items()}
+    result: dict = {key: s.summary() for key, s in samples.items()}
+    for path in ("disaggregated", "direct"):
+        merged = PathSamples(samples[f"{path}/short"].ttfts_s + samples[f"{path}/long"].ttfts_s)
+        result[path] = merged.summary()
     result["p99_ratio"] = result["disaggregated"]["p99_s"] / result["direct"]["p99_s"]
-    result["fallbacks"] = sum(p == "fallback" for p in samples["disaggregated"].paths)
+    result["fallbacks"] = sum(p == "fallback" for size in ("short", "long") for p in samples[f"disaggregated/{size}"].paths)
     result["router_counter_deltas"] = {k: after[k] - before.get(k, 0) for k in after}
     return result
 
