@@ -168,7 +168,11 @@ def test_client_disconnect_aborts_upstream(endpoint):
     with requests.post(endpoint.url + "/v1/completions", json=body, stream=True, timeout=60) as resp:
         assert resp.status_code == 200
         next(resp.iter_lines())
-        assert scrape(DECODE_URL, "vllm:num_requests_running") == 1
+        # vLLM refreshes its gauges once per engine step/log interval: wait to see it running.
+        deadline = time.monotonic() + 15
+        while scrape(DECODE_URL, "vllm:num_requests_running") != 1:
+            assert time.monotonic() < deadline, "the decoder never reported the request running"
+            time.sleep(0.2)
     deadline = time.monotonic() + 15
     while scrape(DECODE_URL, "vllm:num_requests_running") > 0:
         assert time.monotonic() < deadline, "decoder still generating for a client that left"
