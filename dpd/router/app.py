@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -26,12 +25,12 @@ import aiohttp
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from dpd.config.model import RouterSpec
 from dpd.router.admission import AdmissionGate
-from dpd.router.aggregate import StreamAggregator, has_finish, is_usage_only, num_content_tokens
+from dpd.router.aggregate import StreamAggregator, is_usage_only
 from dpd.router.decide import ThresholdDecider
 from dpd.router.errors import ApiError, bad_request, model_not_found, worker_failed
 from dpd.router.flow import WORKER_ERRORS, PdFlow, RequestContext, UpstreamStream
@@ -39,6 +38,7 @@ from dpd.router.metrics import RouterMetrics
 from dpd.router.pick import make_picker
 from dpd.router.pools import HealthProber, Worker, make_pool
 from dpd.router.protocol import ChatCompletionRequest, CompletionRequest, parse_body, requested_max_tokens
+from dpd.router.streaming import ClientGone, RelayResponse, TokenTimer, noop, until_disconnect
 from dpd.router.tokens import TokenCounter, Tokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -57,10 +57,6 @@ class RouterSettings:
     # The launcher's worker names, so metrics and errors name the log file to read.
     prefill_names: tuple[str, ...] = ()
     decode_names: tuple[str, ...] = ()
-
-
-class _ClientGone(Exception):
-    pass
 
 
 class Router:
@@ -116,12 +112,12 @@ class Router:
         request_id = uuid.uuid4().hex
         headers = {"x-request-id": request_id}
         path_label = "none"
-        release_slot = _noop
+        release_slot = noop
         try:
             try:
                 raw = await request.body()
             except ClientDisconnect:
-                raise _ClientGone() from None
+                raise ClientGone() from None
             body, parsed = parse_body(raw, kind)
             if parsed.model != self.settings.model_name:
                 raise model_not_found(parsed.model)
@@ -132,8 +128,8 @@ class Router:
             self.metrics.decisions.labels(decision.path.value, decision.reason.value).inc()
             ctx = RequestContext(request_id, endpoint, body, decision.path, num_prompt_tokens)
             assert self.flow is not None
-            release_slot = await _until_disconnect(request, self._admit())
-            stream = await _until_disconnect(request, self.flow.open(ctx))
+            release_slot = await until_disconnect(request, self._admit())
+            stream = await until_disconnect(request, self.flow.open(ctx))
             path_label = stream.path_label
             headers["x-dpd-path"] = path_label
             if stream.fallback_reason:
@@ -141,20 +137,20 @@ class Router:
             self.metrics.prompt_tokens.labels(path_label).observe(num_prompt_tokens)
             if parsed.stream:
                 want_usage = bool((parsed.stream_options or {}).get("include_usage"))
-                response = _RelayResponse(
+                response = RelayResponse(
                     self._relay(ctx, stream, want_usage), on_close=(stream.close, release_slot),
                     media_type="text/event-stream", headers=headers,
                 )
-                release_slot = _noop  # the response releases it when the stream ends, however it ends
+                release_slot = noop  # the response releases it when the stream ends, however it ends
                 return response
-            result = await _until_disconnect(request, self._aggregate(ctx, stream, kind is ChatCompletionRequest))
+            result = await until_disconnect(request, self._aggregate(ctx, stream, kind is ChatCompletionRequest))
             return JSONResponse(result, headers=headers)
         except ApiError as error:
             self.metrics.requests.labels(path_label, str(error.status)).inc()
             if error.status >= 500:
                 log.warning("request %s: %s %s", request_id, error.status, error.message)
             return error.response(headers)
-        except _ClientGone:
+        except ClientGone:
             self.metrics.client_disconnects.labels(path_label).inc()
             self.metrics.requests.labels(path_label, "client_gone").inc()
             return Response(status_code=499)
@@ -168,7 +164,7 @@ class Router:
     async def _admit(self) -> Callable[[], None]:
         """Take an admission slot (waiting in the queue if need be); return its release."""
         if self.gate is None:
-            return _noop
+            return noop
         try:
             waited_s = await self.gate.acquire()
         except ApiError:
@@ -211,7 +207,7 @@ class Router:
             )
 
     async def _relay(self, ctx: RequestContext, stream: UpstreamStream, want_usage: bool) -> AsyncIterator[bytes]:
-        timer = _TokenTimer(self.metrics, stream.path_label, ctx.started_at)
+        timer = TokenTimer(self.metrics, stream.path_label, ctx.started_at)
         outcome = "ok"
         try:
             async for raw, chunk in stream.events():
@@ -237,7 +233,7 @@ class Router:
             timer.finish(outcome)
 
     async def _aggregate(self, ctx: RequestContext, stream: UpstreamStream, is_chat: bool) -> dict[str, Any]:
-        timer = _TokenTimer(self.metrics, stream.path_label, ctx.started_at)
+        timer = TokenTimer(self.metrics, stream.path_label, ctx.started_at)
         aggregator = StreamAggregator(is_chat)
         outcome = "worker_error"
         try:
@@ -306,82 +302,6 @@ class Router:
             return
         if request.headers.get("authorization") != f"Bearer {key}":
             raise ApiError(401, "A valid admin key is required.", type="authentication_error")
-
-
-def _noop() -> None:
-    pass
-
-
-class _RelayResponse(StreamingResponse):
-    """A streaming response that runs its cleanups however it ends — even if the client left
-    before the first byte and the relay generator never started (its ``finally`` then never runs)."""
-
-    def __init__(self, content: AsyncIterator[bytes], on_close: tuple[Callable[[], None], ...], **kwargs: Any):
-        super().__init__(content, **kwargs)
-        self._on_close = on_close
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            for close in self._on_close:
-                close()
-
-
-class _TokenTimer:
-    """Records TTFT, inter-token gaps, E2E and output tokens of one relayed stream."""
-
-    def __init__(self, metrics: RouterMetrics, path: str, started_at: float):
-        self._metrics = metrics
-        self._path = path
-        self._started_at = started_at
-        self._last_token_at: float | None = None
-        self._num_output_tokens: int | None = None
-
-    def observe(self, chunk: dict[str, Any]) -> None:
-        if chunk.get("usage"):
-            self._num_output_tokens = chunk["usage"].get("completion_tokens")
-        # A request whose first token is EOS streams only a finish chunk: that is its first token.
-        is_first_finish = self._last_token_at is None and has_finish(chunk)
-        if not num_content_tokens(chunk) and not is_first_finish:
-            return
-        now = time.monotonic()
-        if self._last_token_at is None:
-            self._metrics.ttft.labels(self._path).observe(now - self._started_at)
-        else:
-            self._metrics.itl.labels(self._path).observe(now - self._last_token_at)
-        self._last_token_at = now
-
-    def finish(self, outcome: str, count_request: bool = True) -> None:
-        if self._num_output_tokens:
-            self._metrics.output_tokens_total.labels(self._path).inc(self._num_output_tokens)
-        self._metrics.e2e.labels(self._path).observe(time.monotonic() - self._started_at)
-        if count_request:
-            self._metrics.requests.labels(self._path, outcome).inc()
-
-
-async def _until_disconnect(request: Request, coro: Any) -> Any:
-    """Run ``coro``; cancel it (and so abort its upstream requests) if the client goes away."""
-    task = asyncio.ensure_future(coro)
-
-    async def watch() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    watcher = asyncio.ensure_future(watch())
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:  # we are being cancelled (shutdown): not a client disconnect
-        task.cancel()
-        watcher.cancel()
-        raise
-    watcher.cancel()
-    if not task.done():
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
-        raise _ClientGone()
-    return task.result()
 
 
 def build_app(router: Router) -> Starlette:

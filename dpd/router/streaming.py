@@ -1,0 +1,96 @@
+"""Helpers of the router's HTTP layer: watching for client disconnects, a streaming response
+that always cleans up, and the per-request token timer behind the TTFT/ITL metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+
+from dpd.router.aggregate import has_finish, num_content_tokens
+from dpd.router.metrics import RouterMetrics
+
+
+class ClientGone(Exception):
+    """The client disconnected; its upstream requests were cancelled."""
+
+
+def noop() -> None:
+    pass
+
+
+class RelayResponse(StreamingResponse):
+    """A streaming response that runs its cleanups however it ends — even if the client left
+    before the first byte and the relay generator never started (its ``finally`` then never runs)."""
+
+    def __init__(self, content: AsyncIterator[bytes], on_close: tuple[Callable[[], None], ...], **kwargs: Any):
+        super().__init__(content, **kwargs)
+        self._on_close = on_close
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            for close in self._on_close:
+                close()
+
+
+class TokenTimer:
+    """Records TTFT, inter-token gaps, E2E and output tokens of one relayed stream."""
+
+    def __init__(self, metrics: RouterMetrics, path: str, started_at: float):
+        self._metrics = metrics
+        self._path = path
+        self._started_at = started_at
+        self._last_token_at: float | None = None
+        self._num_output_tokens: int | None = None
+
+    def observe(self, chunk: dict[str, Any]) -> None:
+        if chunk.get("usage"):
+            self._num_output_tokens = chunk["usage"].get("completion_tokens")
+        # A request whose first token is EOS streams only a finish chunk: that is its first token.
+        is_first_finish = self._last_token_at is None and has_finish(chunk)
+        if not num_content_tokens(chunk) and not is_first_finish:
+            return
+        now = time.monotonic()
+        if self._last_token_at is None:
+            self._metrics.ttft.labels(self._path).observe(now - self._started_at)
+        else:
+            self._metrics.itl.labels(self._path).observe(now - self._last_token_at)
+        self._last_token_at = now
+
+    def finish(self, outcome: str, count_request: bool = True) -> None:
+        if self._num_output_tokens:
+            self._metrics.output_tokens_total.labels(self._path).inc(self._num_output_tokens)
+        self._metrics.e2e.labels(self._path).observe(time.monotonic() - self._started_at)
+        if count_request:
+            self._metrics.requests.labels(self._path, outcome).inc()
+
+
+async def until_disconnect(request: Request, coro: Any) -> Any:
+    """Run ``coro``; cancel it (and so abort its upstream requests) if the client goes away."""
+    task = asyncio.ensure_future(coro)
+
+    async def watch() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:  # we are being cancelled (shutdown): not a client disconnect
+        task.cancel()
+        watcher.cancel()
+        raise
+    watcher.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        raise ClientGone()
+    return task.result()
