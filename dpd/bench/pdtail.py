@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import re
 import sys
 import time
 import uuid
@@ -24,7 +23,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from dpd.bench.overhead import distinct_prompt, measure_ttft
-from dpd.bench.stats import percentile
+from dpd.bench.stats import counter_totals, percentile
 
 HUGE_THRESHOLD = 1_000_000
 
@@ -71,11 +70,7 @@ async def _set_threshold(session: aiohttp.ClientSession, router_url: str, value:
 
 async def _router_counters(session: aiohttp.ClientSession, router_url: str) -> dict[str, float]:
     async with session.get(router_url + "/metrics") as resp:
-        text = await resp.text()
-    counters: dict[str, float] = {}
-    for name in ("dpd_pd_stalls_total", "dpd_fallbacks_total"):
-        counters[name] = sum(float(m) for m in re.findall(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M))
-    return counters
+        return counter_totals(await resp.text(), ("dpd_pd_stalls_total", "dpd_fallbacks_total"))
 
 
 async def run(

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
@@ -25,7 +24,7 @@ import requests
 
 from dpd.bench.client import replay
 from dpd.bench.overhead import peer_router
-from dpd.bench.stats import RequestRecord, Slo, summarize
+from dpd.bench.stats import RequestRecord, Slo, counter_totals, summarize
 from dpd.bench.workloads import Scaling, TraceRequest, load_azure_trace, scale
 from dpd.launch.child import ServeProcess, write_config
 
@@ -113,10 +112,7 @@ def run_scenario(name: str, spec: BenchSpec, base: list[TraceRequest], work_dir:
             results["rates"].append(entry)
         # The router's own account of the P/D path: every stall past the deadline is counted.
         metrics = requests.get(serve.url + "/metrics", timeout=10).text
-        results["router_counters"] = {
-            name: sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+]+)$", metrics, re.M))
-            for name in ("dpd_pd_stalls_total", "dpd_fallbacks_total")
-        }
+        results["router_counters"] = counter_totals(metrics, ("dpd_pd_stalls_total", "dpd_fallbacks_total"))
     ok = [e["rate_rps"] for e in results["rates"] if e["all"]["slo_attainment"] >= CAPACITY_ATTAINMENT]
     results["capacity_rps"] = max(ok) if ok else 0.0
     return results

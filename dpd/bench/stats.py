@@ -9,6 +9,7 @@ per second of the run.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 
@@ -21,6 +22,14 @@ def percentile(values: list[float], q: float) -> float:
     lo = int(k)
     hi = min(lo + 1, len(ordered) - 1)
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def counter_totals(metrics_text: str, names: tuple[str, ...]) -> dict[str, float]:
+    """Sum each Prometheus sample ``name`` over all its label sets in an exposition text."""
+    return {
+        name: sum(float(v) for v in re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+-]+)$", metrics_text, re.M))
+        for name in names
+    }
 
 
 @dataclass

@@ -126,3 +126,18 @@ def test_trace_at_rate_keeps_the_window_and_hits_the_rate():
     assert trace[0].arrival_s == 0.0 and trace[-1].arrival_s == pytest.approx(36.0)  # 9 gaps of 4 s
     assert trace[0].num_prompt_tokens == 100 + TRACE_OFFSET
     assert scaling.rate_multiplier == pytest.approx(0.25)
+
+
+def test_counter_totals_sums_label_sets():
+    from dpd.bench.stats import counter_totals
+
+    text = (
+        "# HELP dpd_fallbacks_total x\n"
+        'dpd_fallbacks_total{reason="decode_stall"} 2.0\n'
+        'dpd_fallbacks_total{reason="prefill_error"} 1.0\n'
+        'dpd_fallbacks_created{reason="decode_stall"} 1.7e+09\n'
+        "dpd_pd_stalls_total 0.0\n"
+    )
+    assert counter_totals(text, ("dpd_fallbacks_total", "dpd_pd_stalls_total", "missing")) == {
+        "dpd_fallbacks_total": 3.0, "dpd_pd_stalls_total": 0.0, "missing": 0
+    }
