@@ -6,6 +6,7 @@
   dpd prepare-model                prepare and cache the bundled model, print its path
   dpd bench overhead               router overhead: direct vs dpd vs vllm-router
   dpd bench run                    scenarios side by side on the Azure trace
+  dpd bench plot DIR               PNG plots of a bench run
   dpd bench audit                  token histograms and demanded rates of a trace
   dpd bench pd-tail                disaggregated vs direct TTFT tail (the NIXL stall check)
 
@@ -113,7 +114,19 @@ def _cmd_bench_run(args: argparse.Namespace) -> int:
     )
     results = run(spec, Path(args.out))
     print((Path(args.out) / "report.md").read_text())
+    from dpd.bench.plots import plot
+
+    for path in plot(Path(args.out)):
+        print(f"plot: {path}")
     return 0 if results else 1
+
+
+def _cmd_bench_plot(args: argparse.Namespace) -> int:
+    from dpd.bench.plots import plot
+
+    for path in plot(Path(args.dir)):
+        print(path)
+    return 0
 
 
 def _cmd_bench_audit(args: argparse.Namespace) -> int:
@@ -200,6 +213,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--trace", default=str(DEFAULT_TRACE_DIR))
     b.add_argument("--out", default="results/bench", help="directory for results.json and report.md")
     b.set_defaults(func=_cmd_bench_run)
+
+    b = bench.add_parser("plot", help="PNG plots from a `dpd bench run` results directory")
+    b.add_argument("dir", help="directory holding results.json")
+    b.set_defaults(func=_cmd_bench_plot)
 
     b = bench.add_parser("audit", help="token histograms and demanded token rates of a trace")
     b.add_argument("--trace", default=str(DEFAULT_TRACE_DIR), help="directory of the Azure LLM trace CSVs")
