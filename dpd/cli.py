@@ -121,6 +121,12 @@ def _cmd_bench_run(args: argparse.Namespace) -> int:
     return 0 if results else 1
 
 
+def _cmd_bench_pd_tail(args: argparse.Namespace) -> int:
+    from dpd.bench.pdtail import main as pd_tail
+
+    return pd_tail(args)
+
+
 def _cmd_bench_plot(args: argparse.Namespace) -> int:
     from dpd.bench.plots import plot
 
@@ -198,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--long", type=int, default=50, help="number of long prompts")
     b.add_argument("--short-words", type=int, default=60, help="~100 tokens")
     b.add_argument("--long-words", type=int, default=1800, help="~3,000 tokens")
-    b.set_defaults(func=lambda a: __import__("dpd.bench.pdtail", fromlist=["main"]).main(a))
+    b.set_defaults(func=_cmd_bench_pd_tail)
 
     b = bench.add_parser("run", help="scenarios side by side on the Azure trace: colocated, dpd, dpd-always, vllm-router")
     b.add_argument("--scenarios", default="colocated,dpd,dpd-always,vllm-router")
@@ -247,6 +253,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except OSError as exc:  # e.g. a bench pointed at an endpoint that is not running
+        print(f"dpd {args.command}: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
