@@ -152,6 +152,25 @@ def _cmd_prepare_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_keys(args: argparse.Namespace) -> int:
+    import secrets
+
+    from dpd.router.tenants import hash_key
+
+    if args.keys_command == "new":
+        key = "dpd-" + secrets.token_urlsafe(32)
+        print(f"key:    {key}\nsha256: {hash_key(key)}")
+        print("Put the sha256 in the config (tenants[].apiKeySha256 or router.adminKeySha256); give the key to its user.",
+              file=sys.stderr)
+        return 0
+    key = args.key if args.key is not None else sys.stdin.readline().rstrip("\n")
+    if not key:
+        print("dpd keys hash: empty key", file=sys.stderr)
+        return 2
+    print(hash_key(key))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dpd", description="Disaggregated prefill/decode serving on vLLM + NIXL.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -231,6 +250,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--rate-multiplier", type=float, default=1.0)
     b.add_argument("--max-prompt-tokens", type=int, help="fit prompts into a model's context")
     b.set_defaults(func=_cmd_bench_audit)
+
+    p = sub.add_parser("keys", help="API keys: make one, or hash one for the config")
+    keys = p.add_subparsers(dest="keys_command", required=True)
+    keys.add_parser("new", help="a new random key and its SHA-256")
+    k = keys.add_parser("hash", help="the SHA-256 of a key (from the argument or stdin)")
+    k.add_argument("key", nargs="?", help="the key; omit to read one line from stdin (keeps it out of shell history)")
+    p.set_defaults(func=_cmd_keys)
 
     p = sub.add_parser("prepare-model", help="prepare the bundled model and print its path")
     p.set_defaults(func=_cmd_prepare_model)
