@@ -10,7 +10,7 @@ import asyncio
 
 from dpd.config.model import TenantSpec
 from dpd.router.tenants import hash_key
-from tests.unit.test_router_flow import BODY, ScriptedWorker, make_router, metric  # noqa: F401 (fixture)
+from tests.unit.test_router_flow import BODY, ScriptedWorker, metric
 
 LONG = {**BODY, "prompt": " ".join(["w"] * 50)}
 
