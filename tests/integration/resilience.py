@@ -227,6 +227,48 @@ def test_soak_at_70_percent_of_capacity(endpoint, capacity_rps, make_prompt, cap
     assert rss_after < rss_before * 1.10
 
 
+# -- drain ------------------------------------------------------------------------------------------
+def _worker_state(endpoint, name: str) -> dict:
+    pools = requests.get(endpoint.url + "/admin/workers", timeout=10).json()["pools"]
+    return next(w for pool in pools.values() for w in pool["workers"] if w["name"] == name)
+
+
+def test_drain_and_restart_the_prefill_worker_loses_nothing(endpoint, make_prompt, capsys):
+    """A rolling restart: drain waits for the in-flight prefill, the worker restarts, long
+    prompts go direct meanwhile, and it takes disaggregated traffic again once healthy."""
+    result: dict = {}
+
+    def long_request() -> None:
+        body = {"model": MODEL, "prompt": make_prompt(3000, seed=5151), "max_tokens": 4}
+        resp = requests.post(endpoint.url + "/v1/completions", json=body, timeout=300)
+        result.update(status=resp.status_code, path=resp.headers.get("x-dpd-path"))
+
+    in_flight = threading.Thread(target=long_request)
+    in_flight.start()
+    deadline = time.monotonic() + 30
+    while _worker_state(endpoint, "prefill-0")["in_flight"] == 0:
+        assert time.monotonic() < deadline, "the long request never reached the prefill worker"
+        time.sleep(0.1)
+    drain = requests.post(endpoint.url + "/admin/workers/prefill-0/drain", json={"then": "restart"}, timeout=300).json()
+    in_flight.join(timeout=300)
+    assert drain["drained"] and drain["then"] == "restart" and drain["waited_s"] > 0, drain
+    assert result == {"status": 200, "path": "disaggregated"}  # the drained request finished where it started
+    # While it restarts: long prompts are served direct, nothing fails.
+    body = {"model": MODEL, "prompt": make_prompt(1500, seed=5152), "max_tokens": 4}
+    resp = requests.post(endpoint.url + "/v1/completions", json=body, timeout=300)
+    assert resp.status_code == 200 and resp.headers["x-dpd-path"] == "direct"
+    assert "prefill-0 drained; restarting" in endpoint.log_tail(200)
+    wait_healthy(PREFILL_URL, timeout_s=400)
+    deadline = time.monotonic() + 30
+    while _worker_state(endpoint, "prefill-0")["draining"] or _worker_state(endpoint, "prefill-0")["breaker"] == "open":
+        assert time.monotonic() < deadline, _worker_state(endpoint, "prefill-0")
+        time.sleep(1)
+    resp = requests.post(endpoint.url + "/v1/completions", json={**body, "prompt": make_prompt(1500, seed=5153)}, timeout=300)
+    assert resp.status_code == 200 and resp.headers["x-dpd-path"] == "disaggregated"
+    with capsys.disabled():
+        print(f"\n[drain] prefill-0 drained after {drain['waited_s']:.1f}s (1 request in flight), restarted, back in service")
+
+
 # -- kill -9 of the decoder ---------------------------------------------------------------------
 def _prefill_kv_usage() -> float:
     """The prefiller's KV usage. vLLM updates the gauge (and frees expired leases) only when its
