@@ -126,3 +126,17 @@ def test_dedicated_workers_are_accepted_when_consistent():
         "tenants": [{"name": "a", "apiKeySha256": [VALID]}, {"name": "b", "apiKeySha256": ["1" * 64], "dedicatedWorkers": ["decode-1"]}],
     }})
     assert config.spec.tenants[1].dedicatedWorkers == ("decode-1",)
+
+
+def test_dpd_route_takes_router_settings_and_tenants_from_a_config(tmp_path):
+    from dpd.cli import build_parser, route_settings
+
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "spec:\n  modelName: mine\n  pdSpec:\n    routingThreshold: 77\n    router: {port: 9001, admission: {decode: {maxInFlight: 3}}}\n"
+        f"  tenants: [{{name: a, apiKeySha256: ['{VALID}']}}]\n"
+    )
+    args = build_parser().parse_args(["route", "--decode", "http://d", "--tokenizer", "t", "--config", str(path), "--host", "0.0.0.0"])
+    settings = route_settings(args)
+    assert (settings.spec.port, settings.spec.host, settings.threshold_tokens, settings.model_name) == (9001, "0.0.0.0", 77, "mine")
+    assert settings.spec.admission.decode.maxInFlight == 3 and settings.tenants[0].name == "a"
