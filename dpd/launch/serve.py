@@ -62,6 +62,7 @@ class Endpoint:
         self.is_colocated = is_colocated
         self._out = out
         self._stop = asyncio.Event()
+        self._stop_now = asyncio.Event()
         self._workers: list[WorkerProcess] = []
         self._supervisors: list[asyncio.Task] = []
         self._announcers: set[asyncio.Task] = set()
@@ -74,6 +75,9 @@ class Endpoint:
         print(f"[dpd] {message}", file=self._out, flush=True)
 
     def request_stop(self) -> None:
+        """First Ctrl-C/SIGTERM: stop gracefully (drain in-flight requests); second: stop now."""
+        if self._stop.is_set():
+            self._stop_now.set()
         self._stop.set()
 
     async def run(self) -> int:
@@ -128,6 +132,13 @@ class Endpoint:
         stop_wait = asyncio.create_task(self._stop.wait())
         await asyncio.wait({stop_wait, server_task}, return_when=asyncio.FIRST_COMPLETED)
         is_router_crash = not self._stop.is_set()
+        if not is_router_crash and router.num_active:
+            timeout_s = router_spec.drainTimeoutS
+            self.say(f"stopping: finishing {router.num_active} request(s) in flight (at most {timeout_s:.0f}s; "
+                     "Ctrl-C again to stop now); new requests get 503")
+            left = await router.shut_down_gracefully(timeout_s, self._stop_now)
+            if left:
+                self.say(f"{left} request(s) cut short")
         self.say("router exited unexpectedly; stopping" if is_router_crash else "stopping")
         server.should_exit = True
         await asyncio.gather(server_task, return_exceptions=True)

@@ -83,6 +83,8 @@ class Router:
         }
         self.metrics.threshold.set(settings.threshold_tokens)
         self.worker_control: WorkerControl | None = None  # the launcher, when it runs the workers
+        self.num_active = 0  # requests being served (streams included), for graceful shutdown
+        self.is_shutting_down = False
         self._session: aiohttp.ClientSession | None = None
         self._prober: HealthProber | None = None
         self.flow: PdFlow | None = None
@@ -157,7 +159,11 @@ class Router:
         release_slot = noop
         tenant: Tenant | None = None
         outcome = "ok"
+        finish = self._begin_request()
         try:
+            if self.is_shutting_down:
+                raise ApiError(503, "The endpoint is shutting down; retry on another replica or shortly.",
+                               type="service_unavailable_error", code="shutting_down", retry_after_s=5)
             tenant = self._authenticate(request)
             try:
                 raw = await request.body()
@@ -186,10 +192,10 @@ class Router:
             if parsed.stream:
                 want_usage = bool((parsed.stream_options or {}).get("include_usage"))
                 response = RelayResponse(
-                    self._relay(ctx, stream, want_usage), on_close=(stream.close, release_slot),
+                    self._relay(ctx, stream, want_usage), on_close=(stream.close, release_slot, finish),
                     media_type="text/event-stream", headers=headers,
                 )
-                release_slot = noop  # the response releases it when the stream ends, however it ends
+                release_slot = finish = noop  # the response releases them when the stream ends, however it ends
                 return response
             result = await until_disconnect(request, self._aggregate(ctx, stream, kind is ChatCompletionRequest))
             return JSONResponse(result, headers=headers)
@@ -211,8 +217,34 @@ class Router:
             return ApiError(500, "Internal router error; see the router log for request " + request_id, type="api_error").response(headers)
         finally:
             release_slot()
+            finish()
             if tenant is not None:
                 self.metrics.tenant_requests.labels(tenant.name, outcome).inc()
+
+    # -- graceful shutdown ------------------------------------------------------------------------
+    def _begin_request(self) -> Callable[[], None]:
+        """Count one request until the returned (idempotent) callable runs."""
+        self.num_active += 1
+        done = False
+
+        def finish() -> None:
+            nonlocal done
+            if not done:
+                done = True
+                self.num_active -= 1
+
+        return finish
+
+    async def shut_down_gracefully(self, timeout_s: float, stop_early: asyncio.Event | None = None) -> int:
+        """Refuse new requests (503) and wait until the active ones finish, at most ``timeout_s``
+        or until ``stop_early`` is set. Returns how many were still active."""
+        self.is_shutting_down = True
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while self.num_active > 0 and asyncio.get_running_loop().time() < deadline:
+            if stop_early is not None and stop_early.is_set():
+                break
+            await asyncio.sleep(0.1)
+        return self.num_active
 
     def _authenticate(self, request: Request) -> Tenant | None:
         try:

@@ -160,3 +160,26 @@ async def test_no_decoder_at_all_is_an_immediate_503_without_a_prefill(make_rout
     await client.router._prober.probe_once()
     resp = await client.post("/v1/completions", json=LONG)
     assert resp.status_code == 503 and resp.headers["retry-after"] and prefill.bodies == []
+
+
+async def test_graceful_shutdown_refuses_new_requests_and_waits_for_streams(make_router):
+    client = await make_router(None, ScriptedWorker(token_delay_s=0.3))
+    router = client.router
+    stream = asyncio.create_task(client.post("/v1/completions", json={**BODY, "stream": True}))
+    await asyncio.sleep(0.1)
+    assert router.num_active == 1
+    shutdown = asyncio.create_task(router.shut_down_gracefully(10))
+    await asyncio.sleep(0.05)
+    refused = await client.post("/v1/completions", json=BODY)
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "shutting_down"
+    assert not shutdown.done()
+    assert (await stream).status_code == 200
+    assert await shutdown == 0 and router.num_active == 0
+
+
+async def test_graceful_shutdown_gives_up_after_its_timeout(make_router):
+    client = await make_router(None, ScriptedWorker(token_delay_s=1.0))
+    stream = asyncio.create_task(client.post("/v1/completions", json={**BODY, "stream": True}))
+    await asyncio.sleep(0.1)
+    assert await client.router.shut_down_gracefully(0.2) == 1
+    await stream
