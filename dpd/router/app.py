@@ -32,7 +32,7 @@ from starlette.routing import Route
 
 from dpd.config.model import RouterSpec, TenantSpec
 from dpd.router.admin import AdminApi, WorkerControl
-from dpd.router.admission import admit, gate_from_spec
+from dpd.router.admission import gate_from_spec
 from dpd.router.breaker import BreakerState, CircuitBreaker
 from dpd.router.aggregate import StreamAggregator, is_usage_only
 from dpd.router.decide import ThresholdDecider
@@ -115,7 +115,8 @@ class Router:
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4)
         self._session = aiohttp.ClientSession(connector=connector, read_bufsize=4 * 1024 * 1024)
         self.flow = PdFlow(
-            self._session, self.prefill, self.decode, self.picker, self.settings.spec, self.metrics, self.gates.get("prefill")
+            self._session, self.prefill, self.decode, self.picker, self.settings.spec, self.metrics,
+            self.gates.get("prefill"), self.gates.get("decode"),
         )
         self._prober = HealthProber([self.prefill, self.decode], self._session, self.settings.spec.healthIntervalS, self._on_worker_change)
         await self._prober.probe_once()
@@ -156,7 +157,6 @@ class Router:
         request_id = uuid.uuid4().hex
         headers = {"x-request-id": request_id}
         path_label = "none"
-        release_slot = noop
         tenant: Tenant | None = None
         outcome = "ok"
         finish = self._begin_request()
@@ -182,7 +182,6 @@ class Router:
             self.metrics.decisions.labels(decision.path.value, decision.reason.value).inc()
             ctx = RequestContext(request_id, endpoint, body, decision.path, num_prompt_tokens, tenant=tenant_name)
             assert self.flow is not None
-            release_slot = await until_disconnect(request, self._admit("decode"))
             stream = await until_disconnect(request, self.flow.open(ctx))
             path_label = stream.path_label
             headers["x-dpd-path"] = path_label
@@ -192,10 +191,10 @@ class Router:
             if parsed.stream:
                 want_usage = bool((parsed.stream_options or {}).get("include_usage"))
                 response = RelayResponse(
-                    self._relay(ctx, stream, want_usage), on_close=(stream.close, release_slot, finish),
+                    self._relay(ctx, stream, want_usage), on_close=(stream.close, finish),
                     media_type="text/event-stream", headers=headers,
                 )
-                release_slot = finish = noop  # the response releases them when the stream ends, however it ends
+                finish = noop  # the response ends the request (and frees its slot) however the stream ends
                 return response
             result = await until_disconnect(request, self._aggregate(ctx, stream, kind is ChatCompletionRequest))
             return JSONResponse(result, headers=headers)
@@ -216,7 +215,6 @@ class Router:
             self.metrics.requests.labels(path_label, "500").inc()
             return ApiError(500, "Internal router error; see the router log for request " + request_id, type="api_error").response(headers)
         finally:
-            release_slot()
             finish()
             if tenant is not None:
                 self.metrics.tenant_requests.labels(tenant.name, outcome).inc()
@@ -260,10 +258,6 @@ class Router:
             self.metrics.tenant_rate_limited.labels(tenant.name, error.param or "").inc()
             raise
         self.metrics.tenant_prompt_tokens.labels(tenant.name).inc(num_prompt_tokens)
-
-    async def _admit(self, pool: str) -> Callable[[], None]:
-        """Take an admission slot of ``pool`` (waiting in its queue if need be); return its release."""
-        return await admit(self.gates.get(pool), pool, self.metrics)
 
     def _count(self, parsed: CompletionRequest | ChatCompletionRequest) -> int:
         try:

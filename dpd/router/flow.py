@@ -33,7 +33,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,6 +84,7 @@ class UpstreamStream:
         self._lines = lines
         self._pending: list[tuple[bytes, dict[str, Any] | None]] = []
         self._closed = False
+        self.on_close: Callable[[], None] | None = None  # releases the decode admission slot
         worker.num_in_flight += 1
 
     async def read_first(self) -> None:
@@ -120,6 +121,8 @@ class UpstreamStream:
             self._closed = True
             self.worker.num_in_flight -= 1
             self._response.close()
+            if self.on_close is not None:
+                self.on_close()
 
 
 def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
@@ -172,6 +175,7 @@ class PdFlow:
         spec: RouterSpec,
         metrics: RouterMetrics,
         prefill_gate: AdmissionGate | None = None,
+        decode_gate: AdmissionGate | None = None,
     ):
         self._session = session
         self._prefill = prefill
@@ -180,6 +184,7 @@ class PdFlow:
         self._spec = spec
         self._metrics = metrics
         self._prefill_gate = prefill_gate
+        self._decode_gate = decode_gate
 
     async def open(self, ctx: RequestContext) -> UpstreamStream:
         """Run the hops up to the decoder's first event; return the open stream."""
@@ -191,10 +196,26 @@ class PdFlow:
                 return stream
             self._metrics.fallbacks.labels(reason).inc()
             log.warning("request %s: falling back to the direct path (%s)", ctx.request_id, reason)
-            stream = await self._direct(ctx, FALLBACK)
+            stream = await self._admitted_to_decode(self._direct(ctx, FALLBACK))
             stream.fallback_reason = reason
             return stream
-        return await self._direct(ctx, Path.DIRECT.value)
+        return await self._admitted_to_decode(self._direct(ctx, Path.DIRECT.value))
+
+    async def _admitted_to_decode(self, hop: Awaitable[UpstreamStream]) -> UpstreamStream:
+        """Run a decode hop holding a decode admission slot; the stream releases it on close."""
+        try:
+            release = await admit(self._decode_gate, "decode", self._metrics)
+        except BaseException:
+            if asyncio.iscoroutine(hop):
+                hop.close()  # never awaited
+            raise
+        try:
+            stream = await hop
+        except BaseException:
+            release()
+            raise
+        stream.on_close = release
+        return stream
 
     async def _disaggregated(self, ctx: RequestContext) -> tuple[UpstreamStream | None, str]:
         """Prefill hop then decode hop; (stream, "") or (None, why it must fall back)."""
@@ -205,13 +226,23 @@ class PdFlow:
         try:
             release = await admit(self._prefill_gate, "prefill", self._metrics)
             try:
-                kv_params, reason = await self._prefill_hop(ctx)
+                worker = self._prefill.pick(self._picker, ctx.tenant)
+                if worker is None:
+                    reason = "prefill_unavailable"
+                    return None, reason
+                # The prefiller counts the request until the decoder has pulled its KV (the decode
+                # hop's first token), so a drain never stops a prefiller whose blocks are unread.
+                with worker.track():
+                    try:
+                        kv_params, reason = await self._prefill_hop(ctx, worker)
+                    finally:
+                        release()  # the prefill slot covers the hop only (release is idempotent)
+                    if kv_params is None:
+                        return None, reason
+                    stream, reason = await self._disaggregated_decode(ctx, kv_params, worker.name)
+                    return stream, reason
             finally:
                 release()
-            if kv_params is None:
-                return None, reason
-            stream, reason = await self._disaggregated_decode(ctx, kv_params)
-            return stream, reason
         finally:
             if pool_breaker is not None:
                 if reason == "":
@@ -221,46 +252,42 @@ class PdFlow:
                 else:
                     pool_breaker.record_failure(reason)
 
-    async def _prefill_hop(self, ctx: RequestContext) -> tuple[dict[str, Any] | None, str]:
-        worker = self._prefill.pick(self._picker, ctx.tenant)
-        if worker is None:
-            return None, "prefill_unavailable"
+    async def _prefill_hop(self, ctx: RequestContext, worker: Worker) -> tuple[dict[str, Any] | None, str]:
         breaker = worker.breaker
         started = time.monotonic()
         timeout = aiohttp.ClientTimeout(total=self._spec.prefillTimeoutS)
-        with worker.track():
-            try:
-                async with self._session.post(
-                    worker.url + ctx.endpoint,
-                    json=prefill_body(ctx.body),
-                    headers={"X-Request-Id": ctx.request_id},
-                    timeout=timeout,
-                ) as resp:
-                    if resp.status != 200:
-                        error = await _error_from(resp, worker)
-                        if 400 <= resp.status < 500:
-                            breaker.record_success()  # the worker answered; the request was bad
-                            raise error
-                        log.warning("request %s: prefill %s: %s", ctx.request_id, worker.name, error.message)
-                        breaker.record_failure(f"prefill hop: HTTP {resp.status}")
-                        return None, "prefill_error"
-                    data = await resp.json(content_type=None)
-            except asyncio.TimeoutError:  # the hop's deadline (aiohttp's own timeouts are connection errors)
-                log.warning("request %s: prefill %s timed out", ctx.request_id, worker.name)
-                breaker.record_failure("prefill hop timed out")
-                return None, "prefill_timeout"
-            except _CONNECT_ERRORS as exc:
-                breaker.record_failure(f"prefill hop: {exc.__class__.__name__}", is_definite=True)
-                return None, "prefill_error"
-            except WORKER_ERRORS as exc:
-                log.warning("request %s: prefill %s: bad response (%s)", ctx.request_id, worker.name, exc.__class__.__name__)
-                breaker.record_failure(f"prefill hop: bad response ({exc.__class__.__name__})")
-                return None, "prefill_error"
-            except ApiError:
-                raise
-            except BaseException:
-                breaker.record_neutral()
-                raise
+        try:
+            async with self._session.post(
+                worker.url + ctx.endpoint,
+                json=prefill_body(ctx.body),
+                headers={"X-Request-Id": ctx.request_id},
+                timeout=timeout,
+            ) as resp:
+                if resp.status != 200:
+                    error = await _error_from(resp, worker)
+                    if 400 <= resp.status < 500:
+                        breaker.record_success()  # the worker answered; the request was bad
+                        raise error
+                    log.warning("request %s: prefill %s: %s", ctx.request_id, worker.name, error.message)
+                    breaker.record_failure(f"prefill hop: HTTP {resp.status}")
+                    return None, "prefill_error"
+                data = await resp.json(content_type=None)
+        except asyncio.TimeoutError:  # the hop's deadline (aiohttp's own timeouts are connection errors)
+            log.warning("request %s: prefill %s timed out", ctx.request_id, worker.name)
+            breaker.record_failure("prefill hop timed out")
+            return None, "prefill_timeout"
+        except _CONNECT_ERRORS as exc:
+            breaker.record_failure(f"prefill hop: {exc.__class__.__name__}", is_definite=True)
+            return None, "prefill_error"
+        except WORKER_ERRORS as exc:
+            log.warning("request %s: prefill %s: bad response (%s)", ctx.request_id, worker.name, exc.__class__.__name__)
+            breaker.record_failure(f"prefill hop: bad response ({exc.__class__.__name__})")
+            return None, "prefill_error"
+        except ApiError:
+            raise
+        except BaseException:
+            breaker.record_neutral()
+            raise
         kv_params = data.get("kv_transfer_params") if isinstance(data, dict) else None
         if not kv_params:
             breaker.record_failure("prefill hop: no kv_transfer_params")
@@ -268,23 +295,22 @@ class PdFlow:
             return None, "prefill_no_kv"
         breaker.record_success()
         self._metrics.prefill_hop.observe(time.monotonic() - started)
-        kv_params["_prefiller"] = worker.name  # stripped before the decode hop
         return kv_params, ""
 
     async def _disaggregated_decode(
-        self, ctx: RequestContext, kv_params: dict[str, Any]
+        self, ctx: RequestContext, kv_params: dict[str, Any], prefiller: str
     ) -> tuple[UpstreamStream | None, str]:
-        prefiller = kv_params.pop("_prefiller")
-        worker = self._decode.pick(self._picker, ctx.tenant)
-        if worker is None:
-            # The prefiller frees the blocks when its lease (kvLeaseDurationS) expires.
-            raise pool_unavailable("decode")
+        release = await admit(self._decode_gate, "decode", self._metrics)
         try:
+            worker = self._decode.pick(self._picker, ctx.tenant)
+            if worker is None:
+                # The prefiller frees the blocks when its lease (kvLeaseDurationS) expires.
+                raise pool_unavailable("decode")
             stream = await self._open(
                 ctx, worker, decode_body(ctx.body, kv_params), self._spec.decodeFirstTokenTimeoutS, Path.DISAGGREGATED.value
             )
-            return stream, ""
         except _Stall:
+            release()
             self._metrics.pd_stalls.labels(worker.name, prefiller).inc()
             log.warning(
                 "request %s: no first token from %s within %.1fs after prefill on %s (P/D stall)",
@@ -292,9 +318,15 @@ class PdFlow:
             )
             return None, "decode_stall"
         except ApiError as error:
+            release()
             if error.status < 500:
                 raise
             return None, "decode_error"
+        except BaseException:
+            release()
+            raise
+        stream.on_close = release
+        return stream, ""
 
     async def _direct(self, ctx: RequestContext, path_label: str) -> UpstreamStream:
         tried: set[str] = set()

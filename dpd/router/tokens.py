@@ -28,11 +28,16 @@ def load_tokenizer(path: str) -> Tokenizer:
 class TokenCounter:
     def __init__(self, tokenizer: Tokenizer):
         self._tokenizer = tokenizer
+        # Ids the model knows (added tokens included); None when the tokenizer cannot say.
+        self._num_ids: int | None = len(tokenizer) if hasattr(tokenizer, "__len__") else None
 
     def count(self, parsed: CompletionRequest | ChatCompletionRequest) -> int:
         if isinstance(parsed, ChatCompletionRequest):
             return self.count_chat([_flatten(m.model_dump(exclude_none=True)) for m in parsed.messages])
         if isinstance(parsed.prompt, list):
+            bad = [t for t in parsed.prompt if t < 0 or (self._num_ids is not None and t >= self._num_ids)]
+            if bad:
+                raise ValueError(f"token id {bad[0]} is out of the vocabulary (0..{(self._num_ids or 1) - 1})")
             return len(parsed.prompt)
         return len(self._tokenizer.encode(parsed.prompt, add_special_tokens=True))
 

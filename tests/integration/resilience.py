@@ -62,7 +62,7 @@ BAD_INPUTS = [  # (route, body bytes, headers, expected status or None for "any 
     ("/v1/completions", b'{"model": "smollm2-135m", "prompt": "hi", "temperature": -3}', {}, 400),
     ("/v1/completions", b'{"model": "smollm2-135m", "prompt": "hi", "n": 3}', {}, 400),
     ("/v1/completions", b'{"model": "smollm2-135m", "prompt": "hi", "top_p": 7}', {}, 400),
-    ("/v1/completions", b'{"model": "smollm2-135m", "prompt": [999999999]}', {}, 400),
+    ("/v1/completions", b'{"model": "smollm2-135m", "prompt": [999999999]}', {}, 400),  # out of the vocabulary
     ("/v1/completions", b'{"model": "smollm2-135m", "prompt": "' + b"a " * 2_500_000 + b'"}', {}, 413),  # 5 MB body
     ("/v1/completions", b'{"model": "smollm2-135m", "prompt": "' + b"hello " * 9000 + b'"}', {}, 400),  # over-long prompt
     ("/v1/completions", b'{"model": "smollm2-135m", "prompt": "hi"}', {"Content-Type": "text/plain"}, None),
@@ -206,12 +206,13 @@ def test_overload_is_shed_with_429_and_admitted_requests_meet_the_slo(endpoint, 
 def test_soak_at_70_percent_of_capacity(endpoint, capacity_rps, make_prompt, capsys):
     duration_s = float(os.environ.get("DPD_SOAK_S", "60"))
     rate = 0.7 * capacity_rps
-    # One in twenty requests is a 1,500-token prompt on the disaggregated path.
+    # One in forty requests is a 1,500-token prompt on the disaggregated path (~50% of the
+    # prefill worker's capacity at this rate; the rate itself is 70% of the decode capacity).
     long_prompts = [make_prompt(1500, seed=7000 + i) for i in range(8)]
 
     def body(i: int) -> dict:
-        if i % 20 == 19:
-            return {"model": MODEL, "prompt": long_prompts[(i // 20) % len(long_prompts)] + f" #{i}", "max_tokens": 8}
+        if i % 40 == 39:
+            return {"model": MODEL, "prompt": long_prompts[(i // 40) % len(long_prompts)] + f" #{i}", "max_tokens": 8}
         return {**SHORT, "prompt": f"{SHORT['prompt']} ({i})"}
 
     _open_loop(endpoint, rate, min(10.0, duration_s), body, seed=2)  # warm-up: let allocator pools settle
@@ -279,6 +280,11 @@ def _prefill_kv_usage() -> float:
 
 def test_kill_decoder_mid_stream_and_after_a_prefill(endpoint, make_prompt, capsys):
     lease_s = endpoint.config.spec.pdSpec.kvTransferSpec.kvLeaseDurationS
+    wait_healthy(PREFILL_URL, timeout_s=400)  # a failed test before may have left it restarting
+    deadline = time.monotonic() + 30
+    while _worker_state(endpoint, "prefill-0")["breaker"] != "closed":  # the long prompt must be disaggregated
+        assert time.monotonic() < deadline, _worker_state(endpoint, "prefill-0")
+        requests.post(endpoint.url + "/v1/completions", json={**SHORT, "prompt": make_prompt(1500, seed=4240)}, timeout=120)
     baseline = max(_prefill_kv_usage(), _prefill_kv_usage())
     stream_events: list[bytes] = []
     long_result: dict = {}

@@ -252,8 +252,11 @@ def test_kill_prefill_worker_under_load(endpoint, client, make_prompt, capsys):
     # The launcher restarts the worker; once it passes a probe (after the breaker's cooldown) it
     # gets one trial request, and that trial closes the breaker.
     wait_healthy(PREFILL_URL, timeout_s=400)
-    time.sleep(4)  # one router health-probe interval
-    assert worker_state(endpoint, "prefill-0")["breaker"] == "half_open"
+    # Half-open once a probe passes after the cooldown (openS after the last failed probe).
+    deadline = time.monotonic() + 20
+    while worker_state(endpoint, "prefill-0")["breaker"] != "half_open":
+        assert time.monotonic() < deadline, worker_state(endpoint, "prefill-0")
+        time.sleep(0.5)
     raw = client.completions.with_raw_response.create(model=MODEL, prompt=make_prompt(1500, seed=99), max_tokens=4)
     assert raw.headers["x-dpd-path"] == "disaggregated"
     assert worker_state(endpoint, "prefill-0")["breaker"] == "closed"

@@ -55,8 +55,8 @@ async def test_short_prompts_unaffected_by_a_dead_prefill_pool(make_router):
 async def test_failed_decoder_is_retried_on_another_and_its_breaker_opens(make_router):
     bad, good = ScriptedWorker(num_decode_failures=100), ScriptedWorker()
     client = await make_router(None, [bad, good], breaker={"failureThreshold": 2}, retry={"backoffBaseS": 0.01})
-    results = [await client.post("/v1/completions", json=BODY) for _ in range(6)]
-    assert [r.status_code for r in results] == [200] * 6
+    results = [await client.post("/v1/completions", json=BODY) for _ in range(20)]  # ties break at random
+    assert [r.status_code for r in results] == [200] * 20
     text = (await client.get("/metrics")).text
     assert 1 <= metric(text, "dpd_retries_total") <= 2  # at most threshold failures before the breaker opens
     assert client.router.decode.workers[0].breaker.state.value == "open"
@@ -183,3 +183,43 @@ async def test_graceful_shutdown_gives_up_after_its_timeout(make_router):
     await asyncio.sleep(0.1)
     assert await client.router.shut_down_gracefully(0.2) == 1
     await stream
+
+
+async def test_prefiller_counts_the_request_until_its_kv_is_pulled(make_router):
+    """Drain waits on in-flight counts: a prefiller must count a request until the decoder's
+    first token (its KV pulled), not just until the prefill hop returns."""
+    prefill, decode = ScriptedWorker(), ScriptedWorker(first_token_delay_s=0.5)
+    client = await make_router(prefill, decode, threshold=0)
+    request = asyncio.create_task(client.post("/v1/completions", json=BODY))
+    await asyncio.sleep(0.3)  # prefill done, the decode hop is pulling
+    assert len(prefill.bodies) == 1 and client.router.prefill.workers[0].num_in_flight == 1
+    assert (await request).headers["x-dpd-path"] == "disaggregated"
+    assert client.router.prefill.workers[0].num_in_flight == 0
+
+
+async def test_decode_admission_slot_is_held_only_by_decode_hops(make_router):
+    """A long prompt in its prefill hop holds no decode slot, so short requests keep flowing."""
+    client = await make_router(ScriptedWorker(prefill_delay_s=0.6), ScriptedWorker(), threshold=10,
+                               admission={"decode": {"maxInFlight": 1, "maxQueue": 0}})
+    long = asyncio.create_task(client.post("/v1/completions", json=LONG))
+    await asyncio.sleep(0.2)
+    assert (await client.post("/v1/completions", json=BODY)).status_code == 200
+    assert (await long).status_code == 200
+    assert client.router.gates["decode"].num_in_flight == 0
+
+
+def test_token_ids_outside_the_vocabulary_are_refused():
+    import pytest
+
+    from dpd.router.protocol import CompletionRequest
+    from dpd.router.tokens import TokenCounter
+
+    class Tok:
+        def __len__(self) -> int:
+            return 100
+
+    counter = TokenCounter(Tok())
+    assert counter.count(CompletionRequest(model="m", prompt=[0, 99])) == 2
+    for ids in ([100], [-1], [5, 10**9]):
+        with pytest.raises(ValueError, match="out of the vocabulary"):
+            counter.count(CompletionRequest(model="m", prompt=ids))
