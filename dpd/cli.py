@@ -4,6 +4,8 @@
   dpd route --prefill URL --decode URL --tokenizer PATH   run the router alone
   dpd validate FILE [--schema]     check a config; print every error with its field path
   dpd prepare-model                prepare and cache the bundled model, print its path
+  dpd render FILE [-o DIR]         the Kubernetes manifests of a config (docs/kubernetes.md)
+  dpd crd                          the InferenceEndpointConfig CustomResourceDefinition
   dpd bench overhead               router overhead: direct vs dpd vs vllm-router
   dpd bench run                    scenarios side by side on the Azure trace
   dpd bench plot DIR               PNG plots of a bench run
@@ -152,6 +154,18 @@ def _cmd_prepare_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_render(args: argparse.Namespace) -> int:
+    from dpd.k8s.cli import render_command
+
+    return render_command(args)
+
+
+def _cmd_crd(args: argparse.Namespace) -> int:
+    from dpd.k8s.cli import crd_command
+
+    return crd_command(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dpd", description="Disaggregated prefill/decode serving on vLLM + NIXL.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -234,6 +248,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("prepare-model", help="prepare the bundled model and print its path")
     p.set_defaults(func=_cmd_prepare_model)
+
+    p = sub.add_parser("render", help="Kubernetes manifests of a config (deterministic; for GitOps)")
+    p.add_argument("file", help="InferenceEndpointConfig YAML")
+    p.add_argument("-o", "--out", metavar="DIR", help="write one file per object here instead of stdout")
+    p.add_argument("--dpd-image", help="image of the router (and CPU workers, model preparation)")
+    p.add_argument("--worker-image", help="image of the vLLM workers (default: spec.worker.image, else by buffer device)")
+    p.set_defaults(func=_cmd_render)
+
+    p = sub.add_parser("crd", help="the InferenceEndpointConfig CustomResourceDefinition (YAML)")
+    p.set_defaults(func=_cmd_crd)
     return parser
 
 
