@@ -5,7 +5,9 @@
   dpd validate FILE [--schema]     check a config; print every error with its field path
   dpd prepare-model                prepare and cache the bundled model, print its path
   dpd render FILE [-o DIR]         the Kubernetes manifests of a config (docs/kubernetes.md)
-  dpd crd                          the InferenceEndpointConfig CustomResourceDefinition
+  dpd crd [--operator]             the InferenceEndpointConfig CRD (and the operator's install)
+  dpd operator                     the Kubernetes operator (kopf), in a cluster
+  dpd k8s-router CONFIG            the router in a pod, workers found by EndpointSlices
   dpd bench overhead               router overhead: direct vs dpd vs vllm-router
   dpd bench run                    scenarios side by side on the Azure trace
   dpd bench plot DIR               PNG plots of a bench run
@@ -166,6 +168,12 @@ def _cmd_crd(args: argparse.Namespace) -> int:
     return crd_command(args)
 
 
+def _cmd_k8s_router(args: argparse.Namespace) -> int:
+    from dpd.k8s.router_main import run_router
+
+    return run_router(args.config)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dpd", description="Disaggregated prefill/decode serving on vLLM + NIXL.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -258,6 +266,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("crd", help="the InferenceEndpointConfig CustomResourceDefinition (YAML)")
     p.set_defaults(func=_cmd_crd)
+
+    p = sub.add_parser("k8s-router", help="run the router in a pod; workers come from EndpointSlices")
+    p.add_argument("config", help="the mounted config (dpd render's ConfigMap)")
+    p.set_defaults(func=_cmd_k8s_router)
     return parser
 
 
