@@ -168,6 +168,12 @@ def _cmd_crd(args: argparse.Namespace) -> int:
     return crd_command(args)
 
 
+def _cmd_operator(args: argparse.Namespace) -> int:
+    from dpd.k8s.operator import run_operator
+
+    return run_operator(args.namespace)
+
+
 def _cmd_k8s_router(args: argparse.Namespace) -> int:
     from dpd.k8s.router_main import run_router
 
@@ -265,7 +271,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_render)
 
     p = sub.add_parser("crd", help="the InferenceEndpointConfig CustomResourceDefinition (YAML)")
+    p.add_argument("--operator", action="store_true", help="also the operator: namespace, RBAC, Deployment, webhook Service")
+    p.add_argument("--namespace", default="dpd-system", help="the operator's namespace (with --operator)")
+    p.add_argument("--dpd-image", help="the operator's image (with --operator)")
     p.set_defaults(func=_cmd_crd)
+
+    p = sub.add_parser("operator", help="run the Kubernetes operator (kopf) reconciling InferenceEndpointConfigs")
+    p.add_argument("--namespace", help="watch only this namespace (default: all)")
+    p.set_defaults(func=_cmd_operator)
 
     p = sub.add_parser("k8s-router", help="run the router in a pod; workers come from EndpointSlices")
     p.add_argument("config", help="the mounted config (dpd render's ConfigMap)")

@@ -51,5 +51,10 @@ def render_command(args: argparse.Namespace) -> int:
 
 
 def crd_command(args: argparse.Namespace) -> int:
-    sys.stdout.write(to_yaml([crd()]))
+    if args.operator:
+        from dpd.k8s.install import operator_manifests
+
+        sys.stdout.write(to_yaml(operator_manifests(args.namespace, args.dpd_image or DPD_IMAGE)))
+    else:
+        sys.stdout.write(to_yaml([crd()]))
     return 0
