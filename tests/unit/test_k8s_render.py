@@ -15,7 +15,7 @@ import yaml
 from dpd.cli import main
 from dpd.config import load_config
 from dpd.k8s.autoscaling import RenderError, adapter_rules, parse_autoscaling, quantity
-from dpd.k8s.render import config_hash, render, split_secrets, to_yaml
+from dpd.k8s.render import config_hash, render, render_config, split_secrets, to_yaml
 from dpd.launch.plan import kv_transfer_config, plan_workers
 from tests.unit.k8s_schema import errors
 
@@ -177,12 +177,16 @@ def test_workers_are_reachable_only_from_the_router_and_each_other():
 
 
 def test_secrets_leave_the_configmap_for_a_secret():
-    objects = rendered("examples/gpu-rdma.yaml")
+    objects = render_config(load_config("examples/minimal.yaml"), {"spec": {"pdSpec": {"router": {"adminKeySha256": "ab" * 32}}},
+                                                                    "metadata": {"name": "smollm2-minimal"}})
     config_text = by_kind(objects, "ConfigMap", "-config")["data"]["config.yaml"]
-    assert "replace-me" not in config_text
-    assert yaml.safe_load(by_kind(objects, "Secret", "-secrets")["stringData"]["secrets.yaml"]) == {"adminKey": "replace-me-with-a-long-random-key"}
+    assert "ab" * 32 not in config_text
+    assert yaml.safe_load(by_kind(objects, "Secret", "-secrets")["stringData"]["secrets.yaml"]) == {"adminKeySha256": "ab" * 32}
     router = by_kind(objects, "Deployment", "-router")["spec"]["template"]["spec"]
-    assert {"name": "secrets", "secret": {"secretName": "llama-8b-secrets"}} in router["volumes"]
+    assert {"name": "secrets", "secret": {"secretName": "smollm2-minimal-secrets"}} in router["volumes"]
+    for obj in objects:
+        if obj["kind"] != "ServiceMonitor":
+            kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
     assert not [o for o in rendered("examples/minimal.yaml") if o["kind"] == "Secret"]
 
 
