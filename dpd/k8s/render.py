@@ -7,7 +7,7 @@ ServiceMonitor. ``dpd render`` prints them for GitOps; the operator applies the 
 objects. Same input, byte-identical output: no timestamps, no random names, maps sorted.
 
 The config travels to the router as a ConfigMap (``config.yaml``) with the secret parts —
-``router.adminKey``, ``router.adminKeySha256``, ``spec.tenants`` — moved to a Secret
+``router.adminKeySha256``, ``spec.tenants`` — moved to a Secret
 (``secrets.yaml``). The router's pod template carries a hash of the config *without*
 ``routingThreshold``: a threshold change rewrites only the ConfigMap, which the running
 router reloads, so nothing restarts.
@@ -34,7 +34,7 @@ CONFIG_PATH = "/etc/dpd/config/config.yaml"
 SECRETS_PATH = "/etc/dpd/secrets/secrets.yaml"
 METRICS_LABEL = "dpd.dev/metrics"
 POOLS = ("prefill", "decode")
-SECRET_ROUTER_KEYS = ("adminKey", "adminKeySha256")
+SECRET_ROUTER_KEYS = ("adminKeySha256",)
 
 
 @dataclass(frozen=True)

@@ -29,22 +29,14 @@ from dpd.k8s.api import KubeApi
 from dpd.k8s.discovery import Endpoint, EndpointSliceWatcher
 from dpd.k8s.workers import model_argument
 from dpd.router import Router, RouterSettings, make_server
-from dpd.router.pools import Pool, Worker
+from dpd.router.pools import Pool
 
 log = logging.getLogger(__name__)
 
 
 def sync_pool(pool: Pool, endpoints: tuple[Endpoint, ...]) -> None:
     """Make ``pool``'s workers the ready ``endpoints``; a worker still present keeps its state."""
-    current = {w.url: w for w in pool.workers}
-    workers = []
-    for endpoint in endpoints:
-        worker = current.get(endpoint.url)
-        if worker is None:
-            worker = Worker(endpoint.name, endpoint.url, pool.name)
-            worker.mark_healthy()
-        workers.append(worker)
-    pool.workers = workers
+    pool.replace_workers([(e.name, e.url) for e in endpoints])
 
 
 def load_document(config_path: str, secrets_path: str | None) -> dict[str, Any]:
@@ -54,7 +46,7 @@ def load_document(config_path: str, secrets_path: str | None) -> dict[str, Any]:
         secrets = yaml.safe_load(Path(secrets_path).read_text()) or {}
         spec = document.setdefault("spec", {})
         router = spec.setdefault("pdSpec", {}).setdefault("router", {})
-        for key in ("adminKey", "adminKeySha256"):
+        for key in ("adminKeySha256",):
             if key in secrets:
                 router[key] = secrets[key]
         if "tenants" in secrets:
@@ -67,7 +59,7 @@ def cluster_settings(config: InferenceEndpointConfig) -> RouterSettings:
     router = spec.pdSpec.router.model_copy(update={"host": "0.0.0.0"})
     return RouterSettings(
         spec=router, model_name=spec.modelName, max_model_len=spec.maxModelLen, tokenizer_path=model_argument(config),
-        threshold_tokens=spec.pdSpec.routingThreshold, prefill_urls=(), decode_urls=(),
+        threshold_tokens=spec.pdSpec.routingThreshold, prefill_urls=(), decode_urls=(), tenants=spec.tenants,
     )
 
 

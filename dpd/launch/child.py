@@ -21,11 +21,18 @@ import yaml
 from dpd.config import load_config
 
 
+def _merge(base: dict, overrides: dict) -> dict:
+    for key, value in overrides.items():
+        base[key] = _merge(dict(base.get(key) or {}), value) if isinstance(value, dict) else value
+    return base
+
+
 def write_config(
     path: Path, *, router_port: int, worker_base_port: int, side_channel_base_port: int,
-    worker_args: tuple[str, ...] = (), **pd_overrides,
+    worker_args: tuple[str, ...] = (), spec_overrides: dict | None = None, **pd_overrides,
 ) -> Path:
-    """The embedded default config on other ports, with ``pdSpec`` fields overridden."""
+    """The embedded default config on other ports, with ``pdSpec`` fields (and, with
+    ``spec_overrides``, ``spec`` fields) merged in: nested dicts merge, other values replace."""
     data = load_config().model_dump(exclude_none=True)
     pd = data["spec"]["pdSpec"]
     for pool in ("prefillSpec", "decodingSpec"):
@@ -34,8 +41,8 @@ def write_config(
     pd["local"]["workerBasePort"] = worker_base_port
     pd["local"]["sideChannelBasePort"] = side_channel_base_port
     pd["local"]["runDir"] = str(path.parent / "run")
-    for key, value in pd_overrides.items():
-        pd[key] = value
+    _merge(pd, pd_overrides)
+    _merge(data["spec"], spec_overrides or {})
     path.write_text(yaml.safe_dump(data))
     return path
 

@@ -62,14 +62,22 @@ class Endpoint:
         self.is_colocated = is_colocated
         self._out = out
         self._stop = asyncio.Event()
+        self._stop_now = asyncio.Event()
         self._workers: list[WorkerProcess] = []
         self._supervisors: list[asyncio.Task] = []
         self._announcers: set[asyncio.Task] = set()
+        self._router: Router | None = None
+        # Drain support (the admin API's WorkerControl): parked workers stay stopped until resumed.
+        self._parked: dict[str, asyncio.Event] = {}
+        self._restart_now: set[str] = set()
 
     def say(self, message: str) -> None:
         print(f"[dpd] {message}", file=self._out, flush=True)
 
     def request_stop(self) -> None:
+        """First Ctrl-C/SIGTERM: stop gracefully (drain in-flight requests); second: stop now."""
+        if self._stop.is_set():
+            self._stop_now.set()
         self._stop.set()
 
     async def run(self) -> int:
@@ -111,6 +119,8 @@ class Endpoint:
             self._supervisors.append(asyncio.create_task(self._supervise(worker), name=f"supervise-{worker.plan.name}"))
         settings = self.router_settings(plans, model_path)
         router = Router(settings)
+        router.worker_control = self
+        self._router = router
         server = make_server(router, router_spec.host, router_spec.port, is_embedded=True)
         server_task = asyncio.create_task(server.serve(), name="router")
         while not server.started and not server_task.done():
@@ -122,6 +132,13 @@ class Endpoint:
         stop_wait = asyncio.create_task(self._stop.wait())
         await asyncio.wait({stop_wait, server_task}, return_when=asyncio.FIRST_COMPLETED)
         is_router_crash = not self._stop.is_set()
+        if not is_router_crash and router.num_active:
+            timeout_s = router_spec.drainTimeoutS
+            self.say(f"stopping: finishing {router.num_active} request(s) in flight (at most {timeout_s:.0f}s; "
+                     "Ctrl-C again to stop now); new requests get 503")
+            left = await router.shut_down_gracefully(timeout_s, self._stop_now)
+            if left:
+                self.say(f"{left} request(s) cut short")
         self.say("router exited unexpectedly; stopping" if is_router_crash else "stopping")
         server.should_exit = True
         await asyncio.gather(server_task, return_exceptions=True)
@@ -143,6 +160,7 @@ class Endpoint:
             is_colocated=self.is_colocated,
             prefill_names=tuple(p.name for p in prefill),
             decode_names=tuple(p.name for p in decode),
+            tenants=spec.tenants,
         )
 
     async def _wait_healthy(self, timeout_s: float) -> bool:
@@ -183,6 +201,20 @@ class Endpoint:
             if self._stop.is_set():
                 return
             worker.kill_group()  # leftover children of the dead worker
+            name = worker.plan.name
+            if name in self._parked:  # stopped on purpose (drain): wait to be resumed
+                self.say(f"{name} stopped after a drain; resume it with POST /admin/workers/{name}/resume")
+                await self._parked[name].wait()
+                self._parked.pop(name, None)
+                if self._stop.is_set():
+                    return
+                await self._start_again(worker)
+                continue
+            if name in self._restart_now:  # a drained restart: no crash, no back-off
+                self._restart_now.discard(name)
+                self.say(f"{name} drained; restarting")
+                await self._start_again(worker)
+                continue
             # A worker that ran for 10 minutes crashed for a new reason: start over at the base delay.
             num_quick_crashes = num_quick_crashes + 1 if time.monotonic() - worker.started_at < 600 else 1
             backoff_s = min(base_s * 2 ** (num_quick_crashes - 1), 300.0)
@@ -190,24 +222,54 @@ class Endpoint:
             await asyncio.sleep(backoff_s)
             if self._stop.is_set():
                 return
-            try:
-                await worker.start()
-            except OSError as exc:
-                self.say(f"{worker.plan.name} could not be restarted: {exc}; retrying")
-                continue
-            self._announcers.add(task := asyncio.create_task(self._announce_healthy(worker)))
-            task.add_done_callback(self._announcers.discard)
+            await self._start_again(worker)
+
+    async def _start_again(self, worker: WorkerProcess) -> None:
+        try:
+            await worker.start()
+        except OSError as exc:
+            self.say(f"{worker.plan.name} could not be restarted: {exc}; retrying")
+            return  # its exit is seen by the supervisor, which tries again
+        self._announcers.add(task := asyncio.create_task(self._announce_healthy(worker)))
+        task.add_done_callback(self._announcers.discard)
 
     async def _announce_healthy(self, worker: WorkerProcess) -> None:
         async with aiohttp.ClientSession() as session:
             while worker.is_running and not self._stop.is_set():
                 if await worker.is_healthy(session):
                     self.say(f"{worker.plan.name} healthy again after {time.monotonic() - worker.started_at:.0f}s")
+                    self._router_worker_resumed(worker.plan.name)
                     return
                 await asyncio.sleep(1)
 
+    def _router_worker_resumed(self, name: str) -> None:
+        if self._router is None:
+            return
+        routed = self._router.prefill.find(name) or self._router.decode.find(name)
+        if routed is not None:
+            routed.is_draining = False
+
+    # -- WorkerControl (the admin API's drain / resume) -----------------------------------------
+    def _process(self, name: str) -> WorkerProcess:
+        return next(w for w in self._workers if w.plan.name == name)
+
+    async def stop_worker(self, name: str) -> None:
+        self._parked.setdefault(name, asyncio.Event())
+        await self._process(name).stop()
+        self.say(f"{name} stopped (drained)")
+
+    async def restart_worker(self, name: str) -> None:
+        self._restart_now.add(name)
+        await self._process(name).stop()
+
+    async def start_worker(self, name: str) -> None:
+        if (event := self._parked.get(name)) is not None:
+            event.set()
+
     async def _shutdown(self) -> None:
         self._stop.set()
+        for event in self._parked.values():
+            event.set()
         for task in self._supervisors:
             task.cancel()
         await asyncio.gather(*self._supervisors, return_exceptions=True)

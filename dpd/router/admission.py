@@ -1,5 +1,9 @@
 """Admission control: a bounded number of requests in flight, a bounded queue, a queue timeout.
 
+One gate per pool (``router.admission.prefill`` / ``.decode``): every request holds a decode
+slot for its whole life; a disaggregated request also holds a prefill slot for its prefill hop.
+The decode slot is taken first, so the two never wait on each other in a cycle.
+
 A request first takes a slot of the ``AdmissionGate``. With a slot free it proceeds at once;
 otherwise it waits in a FIFO queue of at most ``max_queue`` requests for at most
 ``queue_timeout_s``. A full queue or an expired wait is a 429 with ``Retry-After``: the
@@ -17,9 +21,11 @@ import asyncio
 import collections
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
+from dpd.config.model import PoolAdmissionSpec
 from dpd.router.errors import ApiError
+from dpd.router.metrics import RouterMetrics
 
 
 def overloaded(reason: str, retry_after_s: float) -> ApiError:
@@ -89,3 +95,35 @@ class AdmissionGate:
                 waiter.set_result(None)
                 return
         self.num_in_flight -= 1
+
+
+def gate_from_spec(spec: PoolAdmissionSpec | None) -> AdmissionGate | None:
+    return None if spec is None else AdmissionGate(spec.maxInFlight, spec.maxQueue, spec.queueTimeoutS)
+
+
+async def admit(gate: AdmissionGate | None, pool: str, metrics: RouterMetrics) -> Callable[[], None]:
+    """Take a slot of ``pool``'s gate (queueing if need be) and return its idempotent release;
+    a 429 when shed. No gate: nothing to take."""
+    if gate is None:
+        return _noop
+    try:
+        waited_s = await gate.acquire()
+    except ApiError as error:
+        metrics.shed.labels(pool, "queue_timeout" if "queued" in error.message else "queue_full").inc()
+        raise
+    finally:
+        metrics.queue_depth.labels(pool).set(gate.queue_depth)
+    metrics.queue_wait.labels(pool).observe(waited_s)
+    released = False
+
+    def release() -> None:
+        nonlocal released
+        if not released:
+            released = True
+            gate.release()
+
+    return release
+
+
+def _noop() -> None:
+    pass

@@ -6,15 +6,17 @@ relay the decoder's stream or fold it into one response. Every response carries 
 (``disaggregated`` / ``direct`` / ``fallback``) and ``x-request-id``.
 
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
-``GET /health`` (200 while a decoder is healthy), ``GET /metrics``, and the admin API
-``GET|PUT /admin/threshold``.
+``GET /health`` (200 while a decoder is available), ``GET /metrics``, and the admin API
+(``admin.py``): threshold, worker states, drain and resume.
+
+Order of checks: API key (401) → body (400) → model (404) → length (400) → the tenant's token
+buckets (429) → decode-pool admission (429 after a bounded wait) → the P/D flow.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -28,17 +30,20 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from dpd.config.model import RouterSpec
-from dpd.router.admission import AdmissionGate
+from dpd.config.model import RouterSpec, TenantSpec
+from dpd.router.admin import AdminApi, WorkerControl
+from dpd.router.admission import admit, gate_from_spec
+from dpd.router.breaker import BreakerState, CircuitBreaker
 from dpd.router.aggregate import StreamAggregator, is_usage_only
 from dpd.router.decide import ThresholdDecider
 from dpd.router.errors import ApiError, bad_request, model_not_found, worker_failed
 from dpd.router.flow import WORKER_ERRORS, PdFlow, RequestContext, UpstreamStream
 from dpd.router.metrics import RouterMetrics
 from dpd.router.pick import make_picker
-from dpd.router.pools import HealthProber, Worker, make_pool
+from dpd.router.pools import HealthProber, Pool, Worker, make_pool
 from dpd.router.protocol import ChatCompletionRequest, CompletionRequest, parse_body, requested_max_tokens
 from dpd.router.streaming import ClientGone, RelayResponse, TokenTimer, noop, until_disconnect
+from dpd.router.tenants import Tenant, TenantRegistry
 from dpd.router.tokens import TokenCounter, Tokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -57,23 +62,51 @@ class RouterSettings:
     # The launcher's worker names, so metrics and errors name the log file to read.
     prefill_names: tuple[str, ...] = ()
     decode_names: tuple[str, ...] = ()
+    tenants: tuple[TenantSpec, ...] = ()
 
 
 class Router:
     def __init__(self, settings: RouterSettings, tokenizer: Tokenizer | None = None):
         self.settings = settings
         self.metrics = RouterMetrics()
-        self.prefill = make_pool("prefill", list(settings.prefill_urls), list(settings.prefill_names) or None)
-        self.decode = make_pool("decode", list(settings.decode_urls), list(settings.decode_names) or None)
+        spec = settings.spec
+        self.tenants = TenantRegistry(settings.tenants)
+        self.prefill = self._make_pool("prefill", settings.prefill_urls, settings.prefill_names)
+        self.decode = self._make_pool("decode", settings.decode_urls, settings.decode_names)
         self.decider = ThresholdDecider(settings.threshold_tokens, is_colocated=settings.is_colocated)
         self.counter = TokenCounter(tokenizer or load_tokenizer(settings.tokenizer_path))
-        self.picker = make_picker(settings.spec.picker)
-        spec = settings.spec
-        self.gate = AdmissionGate(spec.maxInFlight, spec.maxQueue, spec.queueTimeoutS) if spec.maxInFlight else None
+        self.picker = make_picker(spec.picker)
+        self.gates = {
+            name: gate
+            for name, a in (("prefill", spec.admission.prefill), ("decode", spec.admission.decode))
+            if (gate := gate_from_spec(a)) is not None
+        }
         self.metrics.threshold.set(settings.threshold_tokens)
+        self.worker_control: WorkerControl | None = None  # the launcher, when it runs the workers
+        self.num_active = 0  # requests being served (streams included), for graceful shutdown
+        self.is_shutting_down = False
         self._session: aiohttp.ClientSession | None = None
         self._prober: HealthProber | None = None
         self.flow: PdFlow | None = None
+
+    def _make_pool(self, name: str, urls: tuple[str, ...], names: tuple[str, ...]) -> Pool:
+        breaker = self.settings.spec.breaker
+        pool_breaker = None
+        if name == "prefill":
+            pool_breaker = CircuitBreaker(
+                "*", breaker.poolFailureThreshold, breaker.openS, needs_probe=False, on_transition=self._transition_recorder(name)
+            )
+        return make_pool(
+            name, list(urls), list(names) or None, failure_threshold=breaker.failureThreshold, open_s=breaker.openS,
+            owners=self.tenants.owners(), pool_breaker=pool_breaker, on_transition=self._transition_recorder(name),
+        )
+
+    def _transition_recorder(self, pool: str) -> Callable[[str, BreakerState], None]:
+        def record(worker: str, state: BreakerState) -> None:
+            self.metrics.breaker_transitions.labels(pool, worker, state.value).inc()
+            self.metrics.breaker_state.labels(pool, worker).set(state.gauge_value)
+
+        return record
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -81,7 +114,9 @@ class Router:
         # a large read buffer for long SSE lines (prompt logprobs arrive in one chunk).
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4)
         self._session = aiohttp.ClientSession(connector=connector, read_bufsize=4 * 1024 * 1024)
-        self.flow = PdFlow(self._session, self.prefill, self.decode, self.picker, self.settings.spec, self.metrics)
+        self.flow = PdFlow(
+            self._session, self.prefill, self.decode, self.picker, self.settings.spec, self.metrics, self.gates.get("prefill")
+        )
         self._prober = HealthProber([self.prefill, self.decode], self._session, self.settings.spec.healthIntervalS, self._on_worker_change)
         await self._prober.probe_once()
         self._prober.start()
@@ -96,10 +131,19 @@ class Router:
         self.metrics.worker_healthy.labels(worker.pool, worker.name).set(1 if worker.is_healthy else 0)
 
     def _refresh_gauges(self) -> None:
+        m = self.metrics
         for pool in (self.prefill, self.decode):
+            if pool.breaker is not None:
+                pool.breaker.allows_request()  # an expired cooldown shows as half-open
+                m.breaker_state.labels(pool.name, "*").set(pool.breaker.state.gauge_value)
             for w in pool.workers:
-                self.metrics.in_flight.labels(w.pool, w.name).set(w.num_in_flight)
-                self.metrics.worker_healthy.labels(w.pool, w.name).set(1 if w.is_healthy else 0)
+                m.in_flight.labels(w.pool, w.name).set(w.num_in_flight)
+                m.worker_healthy.labels(w.pool, w.name).set(1 if w.is_healthy else 0)
+                m.breaker_state.labels(w.pool, w.name).set(w.breaker.state.gauge_value)
+                m.draining.labels(w.pool, w.name).set(1 if w.is_draining else 0)
+        for name, gate in self.gates.items():
+            m.queue_depth.labels(name).set(gate.queue_depth)
+            m.admitted_in_flight.labels(name).set(gate.num_in_flight)
 
     # -- inference -------------------------------------------------------------------------
     async def completions(self, request: Request) -> Response:
@@ -113,7 +157,14 @@ class Router:
         headers = {"x-request-id": request_id}
         path_label = "none"
         release_slot = noop
+        tenant: Tenant | None = None
+        outcome = "ok"
+        finish = self._begin_request()
         try:
+            if self.is_shutting_down:
+                raise ApiError(503, "The endpoint is shutting down; retry on another replica or shortly.",
+                               type="service_unavailable_error", code="shutting_down", retry_after_s=5)
+            tenant = self._authenticate(request)
             try:
                 raw = await request.body()
             except ClientDisconnect:
@@ -124,11 +175,14 @@ class Router:
             # Off the event loop: a long prompt must not freeze every stream being relayed.
             num_prompt_tokens = await asyncio.to_thread(self._count, parsed)
             self._check_length(num_prompt_tokens, requested_max_tokens(parsed))
-            decision = self.decider.decide(num_prompt_tokens, has_prefill_capacity=bool(self.prefill.available()))
+            if tenant is not None:
+                self._check_tenant_limits(tenant, num_prompt_tokens)
+            tenant_name = tenant.name if tenant else None
+            decision = self.decider.decide(num_prompt_tokens, has_prefill_capacity=self.prefill.is_available(tenant_name))
             self.metrics.decisions.labels(decision.path.value, decision.reason.value).inc()
-            ctx = RequestContext(request_id, endpoint, body, decision.path, num_prompt_tokens)
+            ctx = RequestContext(request_id, endpoint, body, decision.path, num_prompt_tokens, tenant=tenant_name)
             assert self.flow is not None
-            release_slot = await until_disconnect(request, self._admit())
+            release_slot = await until_disconnect(request, self._admit("decode"))
             stream = await until_disconnect(request, self.flow.open(ctx))
             path_label = stream.path_label
             headers["x-dpd-path"] = path_label
@@ -138,50 +192,78 @@ class Router:
             if parsed.stream:
                 want_usage = bool((parsed.stream_options or {}).get("include_usage"))
                 response = RelayResponse(
-                    self._relay(ctx, stream, want_usage), on_close=(stream.close, release_slot),
+                    self._relay(ctx, stream, want_usage), on_close=(stream.close, release_slot, finish),
                     media_type="text/event-stream", headers=headers,
                 )
-                release_slot = noop  # the response releases it when the stream ends, however it ends
+                release_slot = finish = noop  # the response releases them when the stream ends, however it ends
                 return response
             result = await until_disconnect(request, self._aggregate(ctx, stream, kind is ChatCompletionRequest))
             return JSONResponse(result, headers=headers)
         except ApiError as error:
-            self.metrics.requests.labels(path_label, str(error.status)).inc()
+            outcome = str(error.status)
+            self.metrics.requests.labels(path_label, outcome).inc()
             if error.status >= 500:
                 log.warning("request %s: %s %s", request_id, error.status, error.message)
             return error.response(headers)
         except ClientGone:
+            outcome = "client_gone"
             self.metrics.client_disconnects.labels(path_label).inc()
             self.metrics.requests.labels(path_label, "client_gone").inc()
             return Response(status_code=499)
         except Exception:  # a bug of ours: still an OpenAI-style error, and logged with the id
+            outcome = "500"
             log.exception("request %s: internal error", request_id)
             self.metrics.requests.labels(path_label, "500").inc()
             return ApiError(500, "Internal router error; see the router log for request " + request_id, type="api_error").response(headers)
         finally:
             release_slot()
+            finish()
+            if tenant is not None:
+                self.metrics.tenant_requests.labels(tenant.name, outcome).inc()
 
-    async def _admit(self) -> Callable[[], None]:
-        """Take an admission slot (waiting in the queue if need be); return its release."""
-        if self.gate is None:
-            return noop
+    # -- graceful shutdown ------------------------------------------------------------------------
+    def _begin_request(self) -> Callable[[], None]:
+        """Count one request until the returned (idempotent) callable runs."""
+        self.num_active += 1
+        done = False
+
+        def finish() -> None:
+            nonlocal done
+            if not done:
+                done = True
+                self.num_active -= 1
+
+        return finish
+
+    async def shut_down_gracefully(self, timeout_s: float, stop_early: asyncio.Event | None = None) -> int:
+        """Refuse new requests (503) and wait until the active ones finish, at most ``timeout_s``
+        or until ``stop_early`` is set. Returns how many were still active."""
+        self.is_shutting_down = True
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while self.num_active > 0 and asyncio.get_running_loop().time() < deadline:
+            if stop_early is not None and stop_early.is_set():
+                break
+            await asyncio.sleep(0.1)
+        return self.num_active
+
+    def _authenticate(self, request: Request) -> Tenant | None:
         try:
-            waited_s = await self.gate.acquire()
-        except ApiError:
-            self.metrics.shed.inc()
+            return self.tenants.authenticate(request.headers.get("authorization"))
+        except ApiError as error:
+            self.metrics.auth_failures.labels("missing" if "required" in error.message else "invalid").inc()
             raise
-        finally:
-            self.metrics.queue_depth.set(self.gate.queue_depth)
-        self.metrics.queue_wait.observe(waited_s)
-        released = False
 
-        def release() -> None:
-            nonlocal released
-            if not released:
-                released = True
-                self.gate.release()
+    def _check_tenant_limits(self, tenant: Tenant, num_prompt_tokens: int) -> None:
+        try:
+            tenant.check_limits(num_prompt_tokens)
+        except ApiError as error:
+            self.metrics.tenant_rate_limited.labels(tenant.name, error.param or "").inc()
+            raise
+        self.metrics.tenant_prompt_tokens.labels(tenant.name).inc(num_prompt_tokens)
 
-        return release
+    async def _admit(self, pool: str) -> Callable[[], None]:
+        """Take an admission slot of ``pool`` (waiting in its queue if need be); return its release."""
+        return await admit(self.gates.get(pool), pool, self.metrics)
 
     def _count(self, parsed: CompletionRequest | ChatCompletionRequest) -> int:
         try:
@@ -220,6 +302,7 @@ class Router:
             yield b"data: [DONE]\n\n"
         except (*WORKER_ERRORS, asyncio.TimeoutError) as exc:
             outcome = "worker_error"
+            stream.worker.breaker.record_failure(f"stream broke: {exc.__class__.__name__}")
             error = worker_failed(stream.worker.pool, stream.worker.name, f"stream broke: {exc.__class__.__name__}")
             log.warning("request %s: %s", ctx.request_id, error.message)
             yield error.sse_event()
@@ -247,6 +330,7 @@ class Router:
             outcome = "ok"
             return aggregator.result()
         except (*WORKER_ERRORS, asyncio.TimeoutError) as exc:
+            stream.worker.breaker.record_failure(f"stream broke: {exc.__class__.__name__}")
             raise worker_failed(stream.worker.pool, stream.worker.name, f"stream broke: {exc.__class__.__name__}") from None
         except asyncio.CancelledError:
             outcome = "client_gone"
@@ -269,39 +353,19 @@ class Router:
 
     async def health(self, request: Request) -> Response:
         pools = {
-            pool.name: {"healthy": len(pool.available()), "total": len(pool)} for pool in (self.prefill, self.decode)
+            pool.name: {
+                "healthy": sum(1 for w in pool.workers if w.is_healthy and not w.is_draining),
+                "total": len(pool),
+                **({"breaker": pool.breaker.state.value} if pool.breaker else {}),
+            }
+            for pool in (self.prefill, self.decode)
         }
-        is_ok = bool(self.decode.available())
+        is_ok = any(w.is_healthy and not w.is_draining for w in self.decode.workers)
         return JSONResponse({"status": "ok" if is_ok else "unavailable", "pools": pools}, status_code=200 if is_ok else 503)
 
     async def metrics_endpoint(self, request: Request) -> Response:
         self._refresh_gauges()
         return Response(self.metrics.exposition(), media_type="text/plain; version=0.0.4")
-
-    async def threshold(self, request: Request) -> Response:
-        self._authorize_admin(request)
-        if request.method == "PUT":
-            try:
-                body = json.loads(await request.body())
-                value = body["threshold_tokens"]
-                self.decider.set_threshold(value)
-            except (json.JSONDecodeError, UnicodeDecodeError, TypeError, KeyError):
-                raise bad_request('Body must be {"threshold_tokens": <int >= 0>}.', param="threshold_tokens") from None
-            except ValueError as exc:
-                raise bad_request(str(exc), param="threshold_tokens") from None
-            self.metrics.threshold.set(value)
-            log.info("routing threshold set to %d tokens", value)
-        return JSONResponse({"threshold_tokens": self.decider.threshold_tokens})
-
-    def _authorize_admin(self, request: Request) -> None:
-        key = self.settings.spec.adminKey
-        if key is None:
-            client = request.client.host if request.client else ""
-            if client not in ("127.0.0.1", "::1", "localhost", "testclient"):
-                raise ApiError(403, "The admin API is only served to loopback clients when no adminKey is set.", type="permission_error")
-            return
-        if request.headers.get("authorization") != f"Bearer {key}":
-            raise ApiError(401, "A valid admin key is required.", type="authentication_error")
 
 
 def build_app(router: Router) -> Starlette:
@@ -326,7 +390,7 @@ def build_app(router: Router) -> Starlette:
         Route("/v1/models", router.models, methods=["GET"]),
         Route("/health", router.health, methods=["GET"]),
         Route("/metrics", router.metrics_endpoint, methods=["GET"]),
-        Route("/admin/threshold", router.threshold, methods=["GET", "PUT"]),
+        *AdminApi(router).routes(),
     ]
     return Starlette(
         routes=routes,

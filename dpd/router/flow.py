@@ -12,8 +12,14 @@ Invariants:
   * Nothing reaches the client before the decoder's first event, so every failure up to then
     can still be served another way: a failed, slow or unreachable prefill worker, or a decode
     hop whose first token misses ``decodeFirstTokenTimeoutS`` (the NIXL stall), sends the
-    request down the direct path (``fallback``); an unreachable decoder is retried once on
-    another decoder. After the first byte nothing is retried.
+    request down the direct path (``fallback``); a failed decoder is retried on another
+    decoder. After the first byte nothing is retried.
+  * Retries are bounded (``router.retry.maxAttempts``) with exponential backoff and full
+    jitter, on another worker when there is one; "no worker at all" is an immediate 503.
+  * Every hop reports its outcome to the worker's circuit breaker, and every disaggregated
+    attempt to the prefill pool's breaker (a decode stall is the pair's failure, not the
+    decoder's: it counts against the prefill pool, so stalls route long prompts direct
+    instead of taking the decoder out).
   * The router always streams from workers (``include_usage`` on) — it measures TTFT/ITL for
     every request and aggregates the stream itself for non-streaming clients.
   * Closing an upstream response aborts the request on that worker (vLLM aborts a request
@@ -25,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -34,6 +41,7 @@ import aiohttp
 import aiohttp.http_exceptions
 
 from dpd.config.model import RouterSpec
+from dpd.router.admission import AdmissionGate, admit
 from dpd.router.decide import Path
 from dpd.router.errors import ApiError, pool_unavailable, worker_failed, worker_timeout
 from dpd.router.metrics import RouterMetrics
@@ -57,6 +65,7 @@ class RequestContext:
     body: dict[str, Any]
     path: Path
     num_prompt_tokens: int
+    tenant: str | None = None
     started_at: float = field(default_factory=time.monotonic)
 
 
@@ -162,6 +171,7 @@ class PdFlow:
         picker: Picker,
         spec: RouterSpec,
         metrics: RouterMetrics,
+        prefill_gate: AdmissionGate | None = None,
     ):
         self._session = session
         self._prefill = prefill
@@ -169,15 +179,16 @@ class PdFlow:
         self._picker = picker
         self._spec = spec
         self._metrics = metrics
+        self._prefill_gate = prefill_gate
 
     async def open(self, ctx: RequestContext) -> UpstreamStream:
         """Run the hops up to the decoder's first event; return the open stream."""
+        if not self._decode.available(ctx.tenant):
+            raise pool_unavailable("decode")  # before spending a prefill on it
         if ctx.path is Path.DISAGGREGATED:
-            kv_params, reason = await self._prefill_hop(ctx)
-            if kv_params is not None:
-                stream, reason = await self._disaggregated_decode(ctx, kv_params)
-                if stream is not None:
-                    return stream
+            stream, reason = await self._disaggregated(ctx)
+            if stream is not None:
+                return stream
             self._metrics.fallbacks.labels(reason).inc()
             log.warning("request %s: falling back to the direct path (%s)", ctx.request_id, reason)
             stream = await self._direct(ctx, FALLBACK)
@@ -185,10 +196,36 @@ class PdFlow:
             return stream
         return await self._direct(ctx, Path.DIRECT.value)
 
+    async def _disaggregated(self, ctx: RequestContext) -> tuple[UpstreamStream | None, str]:
+        """Prefill hop then decode hop; (stream, "") or (None, why it must fall back)."""
+        pool_breaker = self._prefill.breaker
+        if pool_breaker is not None and not pool_breaker.allows_request():
+            return None, "prefill_breaker_open"
+        reason = "cancelled"
+        try:
+            release = await admit(self._prefill_gate, "prefill", self._metrics)
+            try:
+                kv_params, reason = await self._prefill_hop(ctx)
+            finally:
+                release()
+            if kv_params is None:
+                return None, reason
+            stream, reason = await self._disaggregated_decode(ctx, kv_params)
+            return stream, reason
+        finally:
+            if pool_breaker is not None:
+                if reason == "":
+                    pool_breaker.record_success()
+                elif reason in ("prefill_unavailable", "cancelled", "decode_error"):
+                    pool_breaker.record_neutral()  # nothing learnt about the prefill pool
+                else:
+                    pool_breaker.record_failure(reason)
+
     async def _prefill_hop(self, ctx: RequestContext) -> tuple[dict[str, Any] | None, str]:
-        worker = self._picker.pick(self._prefill.available())
+        worker = self._prefill.pick(self._picker, ctx.tenant)
         if worker is None:
             return None, "prefill_unavailable"
+        breaker = worker.breaker
         started = time.monotonic()
         timeout = aiohttp.ClientTimeout(total=self._spec.prefillTimeoutS)
         with worker.track():
@@ -202,23 +239,34 @@ class PdFlow:
                     if resp.status != 200:
                         error = await _error_from(resp, worker)
                         if 400 <= resp.status < 500:
+                            breaker.record_success()  # the worker answered; the request was bad
                             raise error
                         log.warning("request %s: prefill %s: %s", ctx.request_id, worker.name, error.message)
+                        breaker.record_failure(f"prefill hop: HTTP {resp.status}")
                         return None, "prefill_error"
                     data = await resp.json(content_type=None)
             except asyncio.TimeoutError:  # the hop's deadline (aiohttp's own timeouts are connection errors)
                 log.warning("request %s: prefill %s timed out", ctx.request_id, worker.name)
+                breaker.record_failure("prefill hop timed out")
                 return None, "prefill_timeout"
             except _CONNECT_ERRORS as exc:
-                worker.mark_failed(f"prefill hop: {exc.__class__.__name__}")
+                breaker.record_failure(f"prefill hop: {exc.__class__.__name__}", is_definite=True)
                 return None, "prefill_error"
             except WORKER_ERRORS as exc:
                 log.warning("request %s: prefill %s: bad response (%s)", ctx.request_id, worker.name, exc.__class__.__name__)
+                breaker.record_failure(f"prefill hop: bad response ({exc.__class__.__name__})")
                 return None, "prefill_error"
+            except ApiError:
+                raise
+            except BaseException:
+                breaker.record_neutral()
+                raise
         kv_params = data.get("kv_transfer_params") if isinstance(data, dict) else None
         if not kv_params:
+            breaker.record_failure("prefill hop: no kv_transfer_params")
             log.warning("request %s: prefill %s returned no kv_transfer_params", ctx.request_id, worker.name)
             return None, "prefill_no_kv"
+        breaker.record_success()
         self._metrics.prefill_hop.observe(time.monotonic() - started)
         kv_params["_prefiller"] = worker.name  # stripped before the decode hop
         return kv_params, ""
@@ -227,8 +275,9 @@ class PdFlow:
         self, ctx: RequestContext, kv_params: dict[str, Any]
     ) -> tuple[UpstreamStream | None, str]:
         prefiller = kv_params.pop("_prefiller")
-        worker = self._picker.pick(self._decode.available())
+        worker = self._decode.pick(self._picker, ctx.tenant)
         if worker is None:
+            # The prefiller frees the blocks when its lease (kvLeaseDurationS) expires.
             raise pool_unavailable("decode")
         try:
             stream = await self._open(
@@ -249,8 +298,12 @@ class PdFlow:
 
     async def _direct(self, ctx: RequestContext, path_label: str) -> UpstreamStream:
         tried: set[str] = set()
-        for attempt in range(2):
-            worker = self._picker.pick(self._decode.available(), exclude=frozenset(tried))
+        retry = self._spec.retry
+        for attempt in range(retry.maxAttempts):
+            if attempt:
+                # Full jitter: concurrent retries spread out instead of arriving together.
+                await asyncio.sleep(random.uniform(0, min(retry.backoffMaxS, retry.backoffBaseS * 2 ** (attempt - 1))))
+            worker = self._decode.pick(self._picker, ctx.tenant, exclude=frozenset(tried))
             if worker is None:
                 raise pool_unavailable("decode")
             tried.add(worker.name)
@@ -259,11 +312,13 @@ class PdFlow:
                     ctx, worker, decode_body(ctx.body, None), self._spec.directFirstTokenTimeoutS, path_label
                 )
             except _Stall:
+                worker.breaker.record_failure("no first token before the direct-path deadline")
                 raise worker_timeout("decode", worker.name, f"before the first token ({self._spec.directFirstTokenTimeoutS:.0f}s)") from None
             except ApiError as error:
-                if error.status < 500 or attempt == 1:
+                if error.status < 500 or attempt == retry.maxAttempts - 1:
                     raise
-                log.warning("request %s: %s; retrying on another decoder", ctx.request_id, error.message)
+                self._metrics.retries.labels("decode").inc()
+                log.warning("request %s: %s; retrying (attempt %d of %d)", ctx.request_id, error.message, attempt + 2, retry.maxAttempts)
         raise AssertionError("unreachable")
 
     async def _open(
@@ -288,17 +343,28 @@ class PdFlow:
                 await stream.read_first()
         except _CONNECT_ERRORS as exc:  # includes aiohttp's connect/read timeouts
             self._discard(stream, resp)
-            worker.mark_failed(f"decode hop: {exc.__class__.__name__}")
+            worker.breaker.record_failure(f"decode hop: {exc.__class__.__name__}", is_definite=True)
             raise worker_failed(worker.pool, worker.name, f"unreachable ({exc.__class__.__name__})") from None
-        except TimeoutError:  # our first-token deadline
+        except TimeoutError:  # our first-token deadline; the caller judges whose fault it is
             self._discard(stream, resp)
+            worker.breaker.record_neutral()
             raise _Stall() from None
+        except ApiError as error:
+            self._discard(stream, resp)
+            if error.status >= 500:
+                worker.breaker.record_failure(error.message)
+            else:
+                worker.breaker.record_success()
+            raise
         except WORKER_ERRORS as exc:
             self._discard(stream, resp)
+            worker.breaker.record_failure(f"decode hop: broken response ({exc.__class__.__name__})")
             raise worker_failed(worker.pool, worker.name, f"broken response ({exc.__class__.__name__})") from None
         except BaseException:
             self._discard(stream, resp)
+            worker.breaker.record_neutral()
             raise
+        worker.breaker.record_success()
         self._metrics.decode_hop_first_token.labels(path_label).observe(time.monotonic() - started)
         return stream
 

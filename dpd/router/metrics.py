@@ -56,11 +56,39 @@ class RouterMetrics:
             "dpd_client_disconnects", "Requests aborted because the client went away.", ["path"], registry=r
         )
 
-        self.shed = Counter("dpd_shed_requests", "Requests refused with 429 by admission control.", registry=r)
-        self.queue_depth = Gauge("dpd_admission_queue_depth", "Requests waiting for admission.", registry=r)
-        self.queue_wait = Histogram(
-            "dpd_admission_wait_seconds", "Time admitted requests waited in the queue.", buckets=LATENCY_BUCKETS_S, registry=r
+        # Admission, per pool.
+        self.shed = Counter(
+            "dpd_shed_requests", "Requests refused with 429 by admission control.", ["pool", "reason"], registry=r
         )
+        self.queue_depth = Gauge("dpd_admission_queue_depth", "Requests waiting for admission.", ["pool"], registry=r)
+        self.queue_wait = Histogram(
+            "dpd_admission_wait_seconds", "Time admitted requests waited in the queue.", ["pool"],
+            buckets=LATENCY_BUCKETS_S, registry=r,
+        )
+        self.admitted_in_flight = Gauge(
+            "dpd_admission_in_flight", "Requests holding an admission slot.", ["pool"], registry=r
+        )
+        # Breakers, retries, drain.
+        self.breaker_state = Gauge(
+            "dpd_breaker_state", "Circuit breaker: 0 closed, 1 half-open, 2 open (worker \"*\" = the pool's own).",
+            ["pool", "worker"], registry=r,
+        )
+        self.breaker_transitions = Counter(
+            "dpd_breaker_transitions", "Circuit breaker state changes, by the state entered.", ["pool", "worker", "state"], registry=r
+        )
+        self.retries = Counter("dpd_retries", "Requests retried on another worker before any byte was sent.", ["pool"], registry=r)
+        self.draining = Gauge("dpd_worker_draining", "1 while the worker is being drained.", ["pool", "worker"], registry=r)
+        # Tenants.
+        self.tenant_requests = Counter(
+            "dpd_tenant_requests", "Requests per tenant by outcome (HTTP status or ok).", ["tenant", "outcome"], registry=r
+        )
+        self.tenant_rate_limited = Counter(
+            "dpd_tenant_rate_limited", "Requests refused by a tenant's token bucket.", ["tenant", "limit"], registry=r
+        )
+        self.tenant_prompt_tokens = Counter(
+            "dpd_tenant_prompt_tokens", "Prompt tokens admitted per tenant (router's count).", ["tenant"], registry=r
+        )
+        self.auth_failures = Counter("dpd_auth_failures", "Requests refused with 401.", ["reason"], registry=r)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

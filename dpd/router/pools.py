@@ -1,9 +1,14 @@
-"""Workers and pools as the router sees them: URL, health, outstanding requests.
+"""Workers and pools as the router sees them: URL, breaker, drain state, outstanding requests.
 
-Health is both active and passive. A prober GETs every worker's ``/health`` each interval; a
-failed connection during a request marks the worker down at once (``mark_failed``), and only a
-successful probe brings it back. So a killed worker stops receiving requests on its first
-failure, and a restarted one receives them again within one probe interval of being healthy.
+Health is both active and passive, and both feed each worker's circuit breaker
+(``breaker.CircuitBreaker``): a prober GETs every worker's ``/health`` each interval, and the
+P/D flow reports every request's outcome. A killed worker stops receiving requests on its
+first refused connection or failed probe; once it passes a probe again (after the breaker's
+cooldown) it gets one trial request, and a good trial closes its breaker.
+
+A pool hands out workers with ``pick``: never an open or draining worker, never a worker
+dedicated to another tenant; a half-open worker only for its trial, unless no other worker is
+left (then trying beats a 503).
 """
 
 from __future__ import annotations
@@ -11,13 +16,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import aiohttp
 
+from dpd.router.breaker import BreakerState, CircuitBreaker
+
 log = logging.getLogger(__name__)
+
+
+class _Picker(Protocol):
+    def pick(self, candidates: Sequence[Worker], *, exclude: frozenset[str] = frozenset()) -> Worker | None: ...
 
 
 @dataclass(eq=False)
@@ -25,59 +37,138 @@ class Worker:
     name: str
     url: str
     pool: str
+    breaker: CircuitBreaker = None  # type: ignore[assignment]  # set in __post_init__ when not given
+    owner: str | None = None  # the tenant this worker is dedicated to, if any
     num_in_flight: int = 0
-    is_healthy: bool = False
-    last_error: str | None = None
-    num_failures: int = 0
+    is_draining: bool = False
+    has_been_up: bool = False
     changed_at: float = field(default_factory=time.monotonic)
 
+    def __post_init__(self) -> None:
+        if self.breaker is None:
+            self.breaker = CircuitBreaker(self.name, failure_threshold=3, open_s=5.0)
+
+    @property
+    def is_healthy(self) -> bool:
+        return self.breaker.state is not BreakerState.OPEN
+
+    @property
+    def last_error(self) -> str | None:
+        return self.breaker.last_error
+
     @contextmanager
-    def track(self, on_change: Callable[[Worker], None] | None = None) -> Iterator[None]:
+    def track(self) -> Iterator[None]:
         """Count one outstanding request for the duration of the block."""
         self.num_in_flight += 1
-        if on_change:
-            on_change(self)
         try:
             yield
         finally:
             self.num_in_flight -= 1
-            if on_change:
-                on_change(self)
 
-    def mark_failed(self, error: str) -> None:
-        if self.is_healthy:
-            log.warning("%s worker %s marked down: %s", self.pool, self.name, error)
-            self.changed_at = time.monotonic()
-        self.is_healthy = False
-        self.last_error = error
-        self.num_failures += 1
+    def record_probe(self, is_ok: bool, error: str | None = None) -> None:
+        if is_ok and not self.has_been_up:
+            # First sight of the worker (router start-up): no trial needed.
+            self.has_been_up = True
+            self.breaker.force(BreakerState.CLOSED)
+            return
+        self.breaker.record_probe(is_ok, error)
 
-    def mark_healthy(self) -> None:
-        if not self.is_healthy:
-            log.info("%s worker %s is healthy", self.pool, self.name)
-            self.changed_at = time.monotonic()
-        self.is_healthy = True
-        self.last_error = None
+    def state(self) -> dict:
+        return {
+            "name": self.name,
+            "pool": self.pool,
+            "url": self.url,
+            "breaker": self.breaker.state.value,
+            "draining": self.is_draining,
+            "in_flight": self.num_in_flight,
+            "dedicated_to": self.owner,
+            "last_error": self.breaker.last_error,
+        }
 
 
 class Pool:
-    def __init__(self, name: str, workers: list[Worker]):
+    def __init__(
+        self,
+        name: str,
+        workers: list[Worker],
+        breaker: CircuitBreaker | None = None,
+        new_worker: Callable[[str, str], Worker] | None = None,
+    ):
         self.name = name
         self.workers = workers
+        # The pool's own breaker (the prefill pool's: consecutive failed disaggregated attempts).
+        self.breaker = breaker
+        self._new_worker = new_worker or (lambda worker_name, url: Worker(worker_name, url, name))
 
-    def available(self) -> list[Worker]:
-        return [w for w in self.workers if w.is_healthy]
+    def replace_workers(self, members: Sequence[tuple[str, str]]) -> None:
+        """Make the pool's workers ``members`` (name, URL) — discovery's view of the ready pods. A
+        worker still present keeps its object (in-flight count, breaker); a new one starts closed,
+        since it was found ready (its readiness probe is the worker's ``/health``)."""
+        current = {w.url: w for w in self.workers}
+        workers = []
+        for worker_name, url in members:
+            worker = current.get(url.rstrip("/"))
+            if worker is None:
+                worker = self._new_worker(worker_name, url.rstrip("/"))
+                worker.record_probe(True)
+            workers.append(worker)
+        self.workers = workers
+
+    def available(self, tenant: str | None = None) -> list[Worker]:
+        """Workers that may take a request of ``tenant`` now (half-open ones only as a last resort)."""
+        usable = self._usable(tenant)
+        return [w for w in usable if w.breaker.allows_request()] or [
+            w for w in usable if w.breaker.state is BreakerState.HALF_OPEN
+        ]
+
+    def is_available(self, tenant: str | None = None) -> bool:
+        if self.breaker is not None and not self.breaker.allows_request():
+            return False
+        return bool(self.available(tenant))
+
+    def pick(self, picker: _Picker, tenant: str | None = None, exclude: frozenset[str] = frozenset()) -> Worker | None:
+        worker = picker.pick(self.available(tenant), exclude=exclude)
+        if worker is not None:
+            worker.breaker.begin()
+            if self.breaker is not None:
+                self.breaker.begin()
+        return worker
+
+    def _usable(self, tenant: str | None) -> list[Worker]:
+        live = [w for w in self.workers if not w.is_draining]
+        dedicated = [w for w in live if tenant is not None and w.owner == tenant]
+        return dedicated or [w for w in live if w.owner is None]
+
+    def find(self, name: str) -> Worker | None:
+        return next((w for w in self.workers if w.name == name), None)
 
     def __len__(self) -> int:
         return len(self.workers)
 
 
-def make_pool(name: str, urls: list[str], worker_names: list[str] | None = None) -> Pool:
-    """A pool of workers named ``worker_names`` (the launcher's names) or ``<pool>-<i>``."""
+def make_pool(
+    name: str,
+    urls: list[str],
+    worker_names: list[str] | None = None,
+    *,
+    failure_threshold: int = 3,
+    open_s: float = 5.0,
+    owners: dict[str, str] | None = None,
+    pool_breaker: CircuitBreaker | None = None,
+    on_transition: Callable[[str, BreakerState], None] | None = None,
+) -> Pool:
+    """A pool of workers named ``worker_names`` (the launcher's names) or ``<pool>-<i>``.
+    Workers start open (unseen) until their first good probe."""
     names = worker_names or [f"{name}-{i}" for i in range(len(urls))]
     if len(names) != len(urls):
         raise ValueError(f"{name} pool: {len(urls)} URLs but {len(names)} names")
-    return Pool(name, [Worker(n, url.rstrip("/"), name) for n, url in zip(names, urls)])
+    owners = owners or {}
+
+    def new_worker(worker_name: str, url: str) -> Worker:
+        breaker = CircuitBreaker(worker_name, failure_threshold, open_s, on_transition=on_transition, state=BreakerState.OPEN)
+        return Worker(worker_name, url.rstrip("/"), name, breaker, owner=owners.get(worker_name))
+
+    return Pool(name, [new_worker(n, url) for n, url in zip(names, urls)], pool_breaker, new_worker)
 
 
 class HealthProber:
@@ -101,17 +192,17 @@ class HealthProber:
         await asyncio.gather(*(self._probe(w) for w in workers))
 
     async def _probe(self, worker: Worker) -> None:
-        was_healthy = worker.is_healthy
+        was_state = worker.breaker.state
         try:
             timeout = aiohttp.ClientTimeout(total=max(1.0, self._interval_s))
             async with self._session.get(f"{worker.url}/health", timeout=timeout) as resp:
                 if resp.status == 200:
-                    worker.mark_healthy()
+                    worker.record_probe(True)
                 else:
-                    worker.mark_failed(f"/health returned {resp.status}")
+                    worker.record_probe(False, f"/health returned {resp.status}")
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-            worker.mark_failed(f"/health unreachable: {exc.__class__.__name__}")
-        if self._on_change and was_healthy != worker.is_healthy:
+            worker.record_probe(False, f"/health unreachable: {exc.__class__.__name__}")
+        if self._on_change and was_state is not worker.breaker.state:
             self._on_change(worker)
 
     async def _run(self) -> None:

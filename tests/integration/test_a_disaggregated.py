@@ -8,8 +8,11 @@ The endpoint starts once for the module (~2.5 min on 2 cores). Steps, in file or
   5. bad input gets 4xx with an OpenAI-style body; the router keeps serving
   6. a client disconnect aborts the request on the worker
   7. kill -9 of the prefill worker under load: nothing fails, long prompts fall back, the
-     worker restarts and takes disaggregated traffic again
-  8. Ctrl-C leaves no process behind
+     breaker opens, the worker restarts, the breaker closes and it takes disaggregated traffic
+  8. resilience (test_resilience.py, run here on this endpoint): a bad-input battery and a
+     fuzz run (no 5xx), 5x overload shed with 429s, a soak, kill -9 of the decoder mid-stream,
+     and the prefiller's KV returning to its baseline after a failed decode
+  9. Ctrl-C leaves no process behind
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ def endpoint(tmp_path_factory, model_dir):
     config = write_config(
         tmp / "endpoint.yaml", router_port=ROUTER_PORT, worker_base_port=18100, side_channel_base_port=15600,
         routingThreshold=1024, worker_args=WORKER_ARGS,
+        router={"admission": {"decode": {"maxInFlight": 4, "maxQueue": 16, "queueTimeoutS": 10}}},
     )
     serve = ServeProcess(config, log_path=tmp / "serve.log")
     try:
@@ -242,12 +246,26 @@ def test_kill_prefill_worker_under_load(endpoint, client, make_prompt, capsys):
         print(f"\n[kill -9 prefill] requests by path during the 25 s window: {counts}")
     assert not errors, errors
     assert any(path in ("fallback", "direct") for path, _ in results)
-    # The launcher restarts the worker; the router sends it long prompts again once healthy.
+    # The breaker opened on the first refused connection or failed probe, within the 25 s window.
+    assert worker_state(endpoint, "prefill-0")["breaker"] == "open"
+    assert scrape(endpoint.url, "dpd_breaker_transitions_total", worker="prefill-0", state="open") >= 1
+    # The launcher restarts the worker; once it passes a probe (after the breaker's cooldown) it
+    # gets one trial request, and that trial closes the breaker.
     wait_healthy(PREFILL_URL, timeout_s=400)
     time.sleep(4)  # one router health-probe interval
+    assert worker_state(endpoint, "prefill-0")["breaker"] == "half_open"
     raw = client.completions.with_raw_response.create(model=MODEL, prompt=make_prompt(1500, seed=99), max_tokens=4)
     assert raw.headers["x-dpd-path"] == "disaggregated"
+    assert worker_state(endpoint, "prefill-0")["breaker"] == "closed"
     assert "prefill-0 exited" in endpoint.log_tail(400)
+
+
+def worker_state(endpoint, name: str) -> dict:
+    pools = requests.get(endpoint.url + "/admin/workers", timeout=10).json()["pools"]
+    return next(w for pool in pools.values() for w in pool["workers"] if w["name"] == name)
+
+
+from tests.integration.resilience import *  # noqa: E402,F403  (steps 8: run on this module's endpoint)
 
 
 def test_ctrl_c_leaves_no_process(endpoint):

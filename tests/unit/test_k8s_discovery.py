@@ -131,7 +131,7 @@ async def test_watcher_follows_list_watch_relist():
 def test_sync_pool_keeps_the_state_of_workers_still_there():
     pool = make_pool("decode", ["http://10.0.1.1:8000", "http://10.0.1.2:8000"], ["decode-0", "decode-1"])
     kept = pool.workers[0]
-    kept.mark_failed("probe")
+    kept.record_probe(False, "probe")
     kept.num_in_flight = 3
     sync_pool(pool, (Endpoint("decode-0", "http://10.0.1.1:8000"), Endpoint("decode-7", "http://10.0.1.7:8000")))
     assert [w.name for w in pool.workers] == ["decode-0", "decode-7"]
@@ -145,7 +145,7 @@ def test_threshold_reloads_from_the_mounted_config(tmp_path):
     config = tmp_path / "config.yaml"
     secrets = tmp_path / "secrets.yaml"
     config.write_text("kind: InferenceEndpointConfig\nspec: {pdSpec: {routingThreshold: 2048}}\n")
-    secrets.write_text("adminKey: k\n")
+    secrets.write_text("adminKeySha256: abababababababababababababababababababababababababababababababab\n")
     router = SimpleNamespace(decider=ThresholdDecider(2048), metrics=RouterMetrics())
     reloader = ThresholdReloader(router, str(config), str(secrets))
     assert reloader.reload_once() is False
@@ -153,4 +153,4 @@ def test_threshold_reloads_from_the_mounted_config(tmp_path):
     assert reloader.reload_once() is True and router.decider.threshold_tokens == 512
     config.write_text("kind: InferenceEndpointConfig\nspec: {pdSpec: {routingThreshold: -5}}\n")
     assert reloader.reload_once() is False and router.decider.threshold_tokens == 512  # a bad file keeps the value
-    assert load_document(str(config), str(secrets))["spec"]["pdSpec"]["router"] == {"adminKey": "k"}
+    assert load_document(str(config), str(secrets))["spec"]["pdSpec"]["router"] == {"adminKeySha256": "abababababababababababababababababababababababababababababababab"}

@@ -205,7 +205,7 @@ def test_router_restarts_only_for_what_it_reads_at_start():
     assert config_hash(public, {}) == base
     public["spec"]["pdSpec"]["router"] = {"picker": "power-of-two"}
     assert config_hash(public, {}) != base
-    assert config_hash(split_secrets(yaml.safe_load(Path("examples/minimal.yaml").read_text()))[0], {"adminKey": "k"}) != base
+    assert config_hash(split_secrets(yaml.safe_load(Path("examples/minimal.yaml").read_text()))[0], {"adminKeySha256": "abababababababababababababababababababababababababababababababab"}) != base
 
 
 @pytest.mark.parametrize(

@@ -30,8 +30,18 @@ class WordTokenizer:
 class ScriptedWorker:
     """Answers prefill hops with kv_transfer_params and decode hops with three tokens."""
 
-    def __init__(self, *, prefill_status: int = 200, first_token_delay_s: float = 0.0, token_delay_s: float = 0.0):
+    def __init__(
+        self,
+        *,
+        prefill_status: int = 200,
+        first_token_delay_s: float = 0.0,
+        token_delay_s: float = 0.0,
+        prefill_delay_s: float = 0.0,
+        num_decode_failures: int = 0,
+    ):
         self.prefill_status = prefill_status
+        self.prefill_delay_s = prefill_delay_s
+        self.num_decode_failures = num_decode_failures
         self.first_token_delay_s = first_token_delay_s
         self.token_delay_s = token_delay_s
         self.bodies: list[dict] = []
@@ -52,9 +62,13 @@ class ScriptedWorker:
         self.bodies.append(body)
         kv = body.get("kv_transfer_params") or {}
         if kv.get("do_remote_decode"):
+            await asyncio.sleep(self.prefill_delay_s)
             if self.prefill_status != 200:
                 return web.json_response({"error": {"message": "boom"}}, status=self.prefill_status)
             return web.json_response({"choices": [{"text": "x"}], "kv_transfer_params": {"remote_request_id": "r", "do_remote_prefill": True}})
+        if self.num_decode_failures > 0:
+            self.num_decode_failures -= 1
+            return web.json_response({"error": {"message": "engine dead"}}, status=500)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         delay = self.first_token_delay_s if kv.get("do_remote_prefill") else 0
@@ -73,19 +87,29 @@ class ScriptedWorker:
 async def make_router():
     started: list[tuple[Router, list[ScriptedWorker]]] = []
 
-    async def make(prefill: ScriptedWorker | None, decode: ScriptedWorker, threshold: int = 0, **spec) -> httpx.AsyncClient:
-        workers = [w for w in (prefill, decode) if w]
+    async def make(
+        prefill: ScriptedWorker | list[ScriptedWorker] | None,
+        decode: ScriptedWorker | list[ScriptedWorker],
+        threshold: int = 0,
+        tenants: tuple = (),
+        **spec,
+    ) -> httpx.AsyncClient:
+        prefills = prefill if isinstance(prefill, list) else [prefill] if prefill else []
+        decodes = decode if isinstance(decode, list) else [decode]
+        workers = [*prefills, *decodes]
         for w in workers:
             await w.server.start_server()
         settings = RouterSettings(
             spec=RouterSpec(healthIntervalS=0.2, **spec), model_name="m", max_model_len=1000, tokenizer_path="",
-            threshold_tokens=threshold, prefill_urls=(prefill.url,) if prefill else (), decode_urls=(decode.url,),
-            is_colocated=prefill is None,
+            threshold_tokens=threshold, prefill_urls=tuple(w.url for w in prefills), decode_urls=tuple(w.url for w in decodes),
+            is_colocated=not prefills, tenants=tuple(tenants),
         )
         router = Router(settings, tokenizer=WordTokenizer())
         await router.start()
         started.append((router, workers))
-        return httpx.AsyncClient(transport=httpx.ASGITransport(app=build_app(router)), base_url="http://router", timeout=30)
+        client = httpx.AsyncClient(transport=httpx.ASGITransport(app=build_app(router)), base_url="http://router", timeout=30)
+        client.router = router  # type: ignore[attr-defined]  # for tests that inspect its state
+        return client
 
     yield make
     for router, workers in started:
@@ -139,7 +163,7 @@ async def test_short_prompt_goes_direct(make_router):
 
 
 async def test_admission_sheds_with_429_when_full(make_router):
-    client = await make_router(None, ScriptedWorker(token_delay_s=0.5), maxInFlight=1, maxQueue=0)
+    client = await make_router(None, ScriptedWorker(token_delay_s=0.5), admission={"decode": {"maxInFlight": 1, "maxQueue": 0}})
     first = asyncio.create_task(client.post("/v1/completions", json=BODY))
     await asyncio.sleep(0.2)
     second = await client.post("/v1/completions", json=BODY)

@@ -1,0 +1,161 @@
+"""The admin API: routing threshold, worker states, drain and resume.
+
+Every call needs the admin key (``router.adminKeySha256``, checked against the SHA-256 of the
+bearer key); with none configured the admin API is served to loopback clients only. Tenant
+keys never grant admin rights.
+
+Drain (``POST /admin/workers/{name}/drain``): the worker gets no new request; the call waits
+until its in-flight requests have finished (at most ``timeout_s``, default
+``router.drainTimeoutS``), then optionally stops or restarts it through the launcher
+(``then: stop | restart``). Restarts and scale-down use it so no request is cut. ``resume``
+undoes a drain (starting a stopped worker again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Protocol
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from dpd.router.errors import ApiError, bad_request
+from dpd.router.pools import Worker
+from dpd.router.tenants import bearer_key, hash_key
+
+if TYPE_CHECKING:
+    from dpd.router.app import Router
+
+log = logging.getLogger(__name__)
+LOOPBACK = ("127.0.0.1", "::1", "localhost", "testclient")
+THEN_ACTIONS = ("none", "stop", "restart")
+
+
+class WorkerControl(Protocol):
+    """What the launcher offers the admin API: stop / restart / start one worker by name."""
+
+    async def stop_worker(self, name: str) -> None: ...
+    async def restart_worker(self, name: str) -> None: ...
+    async def start_worker(self, name: str) -> None: ...
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise bad_request("The body must be a JSON object.") from None
+    if not isinstance(body, dict):
+        raise bad_request("The body must be a JSON object.")
+    return body
+
+
+class AdminApi:
+    def __init__(self, router: Router):
+        self.router = router
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/admin/threshold", self.threshold, methods=["GET", "PUT"]),
+            Route("/admin/workers", self.workers, methods=["GET"]),
+            Route("/admin/workers/{name}/drain", self.drain, methods=["POST"]),
+            Route("/admin/workers/{name}/resume", self.resume, methods=["POST"]),
+        ]
+
+    def authorize(self, request: Request) -> None:
+        digest = self.router.settings.spec.adminKeySha256
+        if digest is None:
+            client = request.client.host if request.client else ""
+            if client not in LOOPBACK:
+                raise ApiError(403, "The admin API is only served to loopback clients when no admin key is set.", type="permission_error")
+            return
+        try:
+            key = bearer_key(request.headers.get("authorization"))
+        except ApiError:
+            key = None
+        if key is None or not hmac.compare_digest(hash_key(key), digest):
+            raise ApiError(401, "A valid admin key is required.", type="authentication_error", code="invalid_api_key")
+
+    async def threshold(self, request: Request) -> Response:
+        self.authorize(request)
+        router = self.router
+        if request.method == "PUT":
+            body = await _json_body(request)
+            value = body.get("threshold_tokens")
+            try:
+                router.decider.set_threshold(value)
+            except (TypeError, ValueError) as exc:
+                raise bad_request(f'Body must be {{"threshold_tokens": <int >= 0>}}: {exc}', param="threshold_tokens") from None
+            router.metrics.threshold.set(value)
+            log.info("routing threshold set to %d tokens", value)
+        return JSONResponse({"threshold_tokens": router.decider.threshold_tokens})
+
+    async def workers(self, request: Request) -> Response:
+        self.authorize(request)
+        pools = {}
+        for pool in (self.router.prefill, self.router.decode):
+            pools[pool.name] = {
+                "breaker": pool.breaker.state.value if pool.breaker else None,
+                "workers": [w.state() for w in pool.workers],
+            }
+        return JSONResponse({"pools": pools})
+
+    def _worker(self, request: Request) -> Worker:
+        name = request.path_params["name"]
+        worker = self.router.prefill.find(name) or self.router.decode.find(name)
+        if worker is None:
+            known = [w.name for p in (self.router.prefill, self.router.decode) for w in p.workers]
+            raise ApiError(404, f"No worker {name!r}; known: {', '.join(known)}.", type="not_found_error", param="name")
+        return worker
+
+    async def drain(self, request: Request) -> Response:
+        self.authorize(request)
+        worker = self._worker(request)
+        body = await _json_body(request)
+        timeout_s = body.get("timeout_s", self.router.settings.spec.drainTimeoutS)
+        then = body.get("then", "none")
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 <= timeout_s <= 3600:
+            raise bad_request("timeout_s must be a number of seconds in [0, 3600].", param="timeout_s")
+        if then not in THEN_ACTIONS:
+            raise bad_request(f"then must be one of {', '.join(THEN_ACTIONS)}.", param="then")
+        control = self.router.worker_control
+        if then != "none" and control is None:
+            raise ApiError(409, "This router does not run its workers (dpd route); drain with then=none.", param="then")
+        result = await drain_worker(worker, timeout_s)
+        if then != "none" and result["drained"]:
+            assert control is not None
+            if then == "stop":
+                await control.stop_worker(worker.name)
+            else:
+                await control.restart_worker(worker.name)  # resumes the worker when it is healthy again
+        return JSONResponse({**result, "then": then, "done": result["drained"] or then == "none"})
+
+    async def resume(self, request: Request) -> Response:
+        self.authorize(request)
+        worker = self._worker(request)
+        control = self.router.worker_control
+        if control is not None:
+            await control.start_worker(worker.name)  # no-op when it runs
+        worker.is_draining = False
+        log.info("%s worker %s resumed", worker.pool, worker.name)
+        return JSONResponse(worker.state())
+
+
+async def drain_worker(worker: Worker, timeout_s: float, poll_s: float = 0.05) -> dict[str, Any]:
+    """Stop new requests to ``worker`` and wait for its in-flight ones (at most ``timeout_s``)."""
+    worker.is_draining = True
+    log.info("%s worker %s draining (%d in flight)", worker.pool, worker.name, worker.num_in_flight)
+    started = time.monotonic()
+    while worker.num_in_flight > 0 and time.monotonic() - started < timeout_s:
+        await asyncio.sleep(poll_s)
+    waited_s = time.monotonic() - started
+    drained = worker.num_in_flight == 0
+    log.info("%s worker %s %s after %.1fs", worker.pool, worker.name, "drained" if drained else "still busy", waited_s)
+    return {"worker": worker.name, "drained": drained, "in_flight": worker.num_in_flight, "waited_s": round(waited_s, 3)}

@@ -1,0 +1,148 @@
+"""Tenants: who is calling (API key → tenant) and how much they may send (token buckets).
+
+Keys are never stored: the config lists each key's SHA-256, and a request's bearer key is
+hashed and looked up. With no tenants configured the endpoint is open (one machine, one user);
+with any, every inference request needs a valid key, else a 401.
+
+Each tenant may have two token buckets, checked after the prompt is tokenized: requests per
+second and prompt tokens per second (counted by the router's tokenizer, the same count the
+routing decision uses). A bucket refills continuously at its rate up to its burst. A request
+is admitted when the bucket holds its cost — or, for a prompt larger than the whole burst,
+when the bucket is full — and the cost is then taken, possibly driving the level below zero
+(debt the tenant pays back before its next request). A refusal is a 429 whose Retry-After is
+the time until the bucket holds enough again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from dpd.config.model import TenantSpec
+from dpd.router.errors import ApiError
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def unauthorized(message: str) -> ApiError:
+    return ApiError(401, message, type="authentication_error", code="invalid_api_key")
+
+
+def bearer_key(authorization: str | None) -> str | None:
+    """The key of an ``Authorization: Bearer <key>`` header; None when absent; 401 when malformed."""
+    if authorization is None:
+        return None
+    scheme, _, key = authorization.strip().partition(" ")
+    if scheme.lower() != "bearer" or not key.strip():
+        raise unauthorized("The Authorization header must be 'Bearer <API key>'.")
+    return key.strip()
+
+
+class TokenBucket:
+    def __init__(self, rate_per_s: float, burst: float, clock: Callable[[], float] = time.monotonic):
+        if rate_per_s <= 0 or burst <= 0:
+            raise ValueError("rate and burst must be positive")
+        self.rate_per_s = rate_per_s
+        self.burst = burst
+        self._clock = clock
+        self._level = burst
+        self._updated_at = clock()
+
+    @property
+    def level(self) -> float:
+        self._refill()
+        return self._level
+
+    def _refill(self) -> None:
+        now = self._clock()
+        self._level = min(self.burst, self._level + (now - self._updated_at) * self.rate_per_s)
+        self._updated_at = now
+
+    def wait_s(self, cost: float) -> float:
+        """Seconds until ``cost`` could be taken (0 = now)."""
+        self._refill()
+        needed = min(cost, self.burst)
+        return 0.0 if self._level >= needed else (needed - self._level) / self.rate_per_s
+
+    def take(self, cost: float) -> None:
+        self._refill()
+        self._level -= cost
+
+
+@dataclass
+class Tenant:
+    name: str
+    requests: TokenBucket | None
+    prompt_tokens: TokenBucket | None
+    dedicated_workers: tuple[str, ...]
+
+    @classmethod
+    def from_spec(cls, spec: TenantSpec, clock: Callable[[], float] = time.monotonic) -> Tenant:
+        requests = prompt_tokens = None
+        if spec.requestsPerSecond:
+            burst = spec.burstRequests or max(1, math.ceil(spec.requestsPerSecond))
+            requests = TokenBucket(spec.requestsPerSecond, burst, clock)
+        if spec.promptTokensPerSecond:
+            burst = spec.burstPromptTokens or math.ceil(10 * spec.promptTokensPerSecond)
+            prompt_tokens = TokenBucket(spec.promptTokensPerSecond, burst, clock)
+        return cls(spec.name, requests, prompt_tokens, spec.dedicatedWorkers)
+
+    def check_limits(self, num_prompt_tokens: int) -> str | None:
+        """Take this request's cost from the buckets, or leave them untouched and raise a 429.
+        Returns None; raises ``ApiError`` naming the limit that refused it."""
+        waits = {}
+        if self.requests is not None:
+            waits["requests_per_second"] = self.requests.wait_s(1)
+        if self.prompt_tokens is not None:
+            waits["prompt_tokens_per_second"] = self.prompt_tokens.wait_s(num_prompt_tokens)
+        refused = {limit: s for limit, s in waits.items() if s > 0}
+        if refused:
+            limit = max(refused, key=refused.__getitem__)
+            raise ApiError(
+                429,
+                f"Tenant {self.name!r} is over its {limit.replace('_', ' ')} limit; retry in {refused[limit]:.1f}s.",
+                type="rate_limit_error",
+                code="rate_limit_exceeded",
+                param=limit,
+                retry_after_s=max(1.0, math.ceil(refused[limit])),
+            )
+        if self.requests is not None:
+            self.requests.take(1)
+        if self.prompt_tokens is not None:
+            self.prompt_tokens.take(num_prompt_tokens)
+        return None
+
+
+class TenantRegistry:
+    """API key hashes → tenants."""
+
+    def __init__(self, specs: tuple[TenantSpec, ...], clock: Callable[[], float] = time.monotonic):
+        self.tenants = {spec.name: Tenant.from_spec(spec, clock) for spec in specs}
+        self._by_digest = {digest: self.tenants[spec.name] for spec in specs for digest in spec.apiKeySha256}
+
+    @property
+    def is_enabled(self) -> bool:
+        return bool(self.tenants)
+
+    def owners(self) -> dict[str, str]:
+        """Worker name → the tenant it is dedicated to."""
+        return {w: t.name for t in self.tenants.values() for w in t.dedicated_workers}
+
+    def authenticate(self, authorization: str | None) -> Tenant | None:
+        """The caller's tenant (None when tenants are off); a 401 for a missing or unknown key."""
+        if not self.is_enabled:
+            return None
+        key = bearer_key(authorization)
+        if key is None:
+            raise unauthorized("An API key is required: send 'Authorization: Bearer <API key>'.")
+        digest = hash_key(key)
+        for known, tenant in self._by_digest.items():
+            if hmac.compare_digest(known, digest):
+                return tenant
+        raise unauthorized("Incorrect API key provided.")

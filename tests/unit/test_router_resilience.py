@@ -1,0 +1,185 @@
+"""Breakers, retries, per-pool admission, tenants and drain, against scripted workers.
+
+Component tests of dpd's own logic (see test_router_flow.py for the scripted worker); the
+end-to-end figures with real vLLM workers are in tests/integration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from dpd.config.model import TenantSpec
+from dpd.router.tenants import hash_key
+from tests.unit.test_router_flow import BODY, ScriptedWorker, metric
+
+LONG = {**BODY, "prompt": " ".join(["w"] * 50)}
+
+
+def tenant(name: str, *dedicated: str, **limits) -> TenantSpec:
+    return TenantSpec(name=name, apiKeySha256=(hash_key(f"key-{name}"),), dedicatedWorkers=dedicated, **limits)
+
+
+def auth(name: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer key-{name}"}
+
+
+async def test_prefill_pool_breaker_sends_long_prompts_direct_then_recovers(make_router):
+    prefill = ScriptedWorker(prefill_status=500)
+    client = await make_router(prefill, ScriptedWorker(), threshold=10, breaker={"poolFailureThreshold": 2, "openS": 0.5, "failureThreshold": 10})
+    for _ in range(2):
+        resp = await client.post("/v1/completions", json=LONG)
+        assert resp.status_code == 200 and resp.headers["x-dpd-fallback"] == "prefill_error"
+    num_prefills = len(prefill.bodies)
+    resp = await client.post("/v1/completions", json=LONG)  # the pool breaker is open: straight to direct
+    assert resp.status_code == 200 and resp.headers["x-dpd-path"] == "direct"
+    assert len(prefill.bodies) == num_prefills
+    text = (await client.get("/metrics")).text
+    assert metric(text, 'dpd_breaker_state{pool="prefill",worker="*"}') == 2
+    assert metric(text, 'dpd_decisions_total{path="direct",reason="prefill_unavailable"}') == 1
+    prefill.prefill_status = 200  # the pool recovers
+    await asyncio.sleep(0.6)
+    resp = await client.post("/v1/completions", json=LONG)  # the half-open trial
+    assert resp.headers["x-dpd-path"] == "disaggregated"
+    assert client.router.prefill.breaker.state.value == "closed"
+
+
+async def test_short_prompts_unaffected_by_a_dead_prefill_pool(make_router):
+    prefill = ScriptedWorker()
+    client = await make_router(prefill, ScriptedWorker(), threshold=10)
+    await prefill.server.close()
+    statuses = [(await client.post("/v1/completions", json=BODY)).status_code for _ in range(5)]
+    long = await client.post("/v1/completions", json=LONG)
+    assert statuses == [200] * 5 and long.status_code == 200 and long.headers["x-dpd-path"] in ("fallback", "direct")
+
+
+async def test_failed_decoder_is_retried_on_another_and_its_breaker_opens(make_router):
+    bad, good = ScriptedWorker(num_decode_failures=100), ScriptedWorker()
+    client = await make_router(None, [bad, good], breaker={"failureThreshold": 2}, retry={"backoffBaseS": 0.01})
+    results = [await client.post("/v1/completions", json=BODY) for _ in range(6)]
+    assert [r.status_code for r in results] == [200] * 6
+    text = (await client.get("/metrics")).text
+    assert 1 <= metric(text, "dpd_retries_total") <= 2  # at most threshold failures before the breaker opens
+    assert client.router.decode.workers[0].breaker.state.value == "open"
+
+
+async def test_retries_are_bounded(make_router):
+    client = await make_router(None, ScriptedWorker(num_decode_failures=100), retry={"maxAttempts": 3, "backoffBaseS": 0.01},
+                               breaker={"failureThreshold": 10})
+    resp = await client.post("/v1/completions", json=BODY)
+    assert resp.status_code == 502 and resp.json()["error"]["code"] == "worker_error"
+    assert metric((await client.get("/metrics")).text, "dpd_retries_total") == 2
+
+
+async def test_prefill_pool_admission_sheds_with_429(make_router):
+    client = await make_router(ScriptedWorker(prefill_delay_s=0.5), ScriptedWorker(), threshold=10,
+                               admission={"prefill": {"maxInFlight": 1, "maxQueue": 0}})
+    first = asyncio.create_task(client.post("/v1/completions", json=LONG))
+    await asyncio.sleep(0.2)
+    second = await client.post("/v1/completions", json=LONG)
+    short = await client.post("/v1/completions", json=BODY)  # needs no prefill slot
+    assert second.status_code == 429 and second.headers["retry-after"] and short.status_code == 200
+    assert (await first).status_code == 200
+    assert metric((await client.get("/metrics")).text, 'dpd_shed_requests_total{pool="prefill",reason="queue_full"}') == 1
+
+
+async def test_tenant_keys_and_dedicated_workers(make_router):
+    shared, dedicated = ScriptedWorker(), ScriptedWorker()
+    client = await make_router(None, [shared, dedicated], tenants=(tenant("a"), tenant("b", "decode-1")))
+    assert (await client.post("/v1/completions", json=BODY)).status_code == 401
+    wrong = await client.post("/v1/completions", json=BODY, headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 401 and wrong.json()["error"]["type"] == "authentication_error"
+    for _ in range(6):
+        assert (await client.post("/v1/completions", json=BODY, headers=auth("a"))).status_code == 200
+    assert len(shared.bodies) == 6 and dedicated.bodies == []  # a never reaches b's worker
+    for _ in range(4):
+        assert (await client.post("/v1/completions", json=BODY, headers=auth("b"))).status_code == 200
+    assert len(dedicated.bodies) == 4 and len(shared.bodies) == 6  # b uses only its own
+
+
+async def test_dedicated_worker_down_is_a_503_not_a_leak_to_shared(make_router):
+    shared, dedicated = ScriptedWorker(), ScriptedWorker()
+    client = await make_router(None, [shared, dedicated], tenants=(tenant("a"), tenant("b", "decode-1")))
+    await dedicated.server.close()
+    resp = await client.post("/v1/completions", json=BODY, headers=auth("b"))
+    assert resp.status_code in (502, 503) and shared.bodies == []
+
+
+async def test_tenant_rate_limits(make_router):
+    client = await make_router(None, ScriptedWorker(), tenants=(tenant("a", requestsPerSecond=0.5, burstRequests=2),
+                                                                tenant("b", promptTokensPerSecond=1, burstPromptTokens=10)))
+    codes = [(await client.post("/v1/completions", json=BODY, headers=auth("a"))).status_code for _ in range(3)]
+    assert codes == [200, 200, 429]
+    assert (await client.post("/v1/completions", json=BODY, headers=auth("b"))).status_code == 200  # 4 of 10 tokens
+    assert (await client.post("/v1/completions", json=BODY, headers=auth("b"))).status_code == 200
+    refused = await client.post("/v1/completions", json=BODY, headers=auth("b"))
+    assert refused.status_code == 429 and refused.json()["error"]["param"] == "prompt_tokens_per_second"
+    text = (await client.get("/metrics")).text
+    assert metric(text, 'dpd_tenant_rate_limited_total{limit="requests_per_second",tenant="a"}') == 1
+    assert metric(text, 'dpd_tenant_requests_total{outcome="ok",tenant="a"}') == 2
+
+
+async def test_drain_waits_for_in_flight_and_routes_new_requests_elsewhere(make_router):
+    slow, other = ScriptedWorker(token_delay_s=0.3), ScriptedWorker()
+    client = await make_router(None, [slow, other], picker="least-outstanding")
+    client.router.decode.workers[1].num_in_flight = 5  # steer the first request to decode-0
+    in_flight = asyncio.create_task(client.post("/v1/completions", json=BODY))
+    await asyncio.sleep(0.1)
+    client.router.decode.workers[1].num_in_flight = 0
+    drain = asyncio.create_task(client.post("/admin/workers/decode-0/drain", json={"timeout_s": 10}))
+    await asyncio.sleep(0.05)
+    assert (await client.post("/v1/completions", json=BODY)).status_code == 200
+    assert len(slow.bodies) == 1 and len(other.bodies) == 1  # the new request avoided the draining worker
+    assert not drain.done()  # still waiting for the in-flight request
+    assert (await in_flight).status_code == 200
+    result = (await drain).json()
+    assert result["drained"] and result["in_flight"] == 0 and result["waited_s"] > 0.2
+    state = (await client.get("/admin/workers")).json()["pools"]["decode"]["workers"][0]
+    assert state["draining"] is True
+    stop = await client.post("/admin/workers/decode-0/drain", json={"then": "stop"})
+    assert stop.status_code == 409  # no launcher behind this router
+    assert (await client.post("/admin/workers/decode-0/resume")).json()["draining"] is False
+    bad = await client.post("/admin/workers/nope/drain")
+    assert bad.status_code == 404 and "decode-0" in bad.json()["error"]["message"]
+
+
+async def test_admin_key_is_checked_against_its_hash(make_router):
+    client = await make_router(None, ScriptedWorker(), adminKeySha256=hash_key("admin-secret"),
+                               tenants=(tenant("a"),))
+    assert (await client.get("/admin/threshold")).status_code == 401
+    assert (await client.get("/admin/threshold", headers=auth("a"))).status_code == 401  # a tenant key is no admin key
+    ok = await client.put("/admin/threshold", json={"threshold_tokens": 7}, headers={"Authorization": "Bearer admin-secret"})
+    assert ok.status_code == 200 and ok.json() == {"threshold_tokens": 7}
+    bad = await client.put("/admin/threshold", json={"threshold_tokens": -1}, headers={"Authorization": "Bearer admin-secret"})
+    assert bad.status_code == 400
+
+
+async def test_no_decoder_at_all_is_an_immediate_503_without_a_prefill(make_router):
+    prefill, decode = ScriptedWorker(), ScriptedWorker()
+    client = await make_router(prefill, decode, threshold=10)
+    await decode.server.close()
+    await client.router._prober.probe_once()
+    resp = await client.post("/v1/completions", json=LONG)
+    assert resp.status_code == 503 and resp.headers["retry-after"] and prefill.bodies == []
+
+
+async def test_graceful_shutdown_refuses_new_requests_and_waits_for_streams(make_router):
+    client = await make_router(None, ScriptedWorker(token_delay_s=0.3))
+    router = client.router
+    stream = asyncio.create_task(client.post("/v1/completions", json={**BODY, "stream": True}))
+    await asyncio.sleep(0.1)
+    assert router.num_active == 1
+    shutdown = asyncio.create_task(router.shut_down_gracefully(10))
+    await asyncio.sleep(0.05)
+    refused = await client.post("/v1/completions", json=BODY)
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "shutting_down"
+    assert not shutdown.done()
+    assert (await stream).status_code == 200
+    assert await shutdown == 0 and router.num_active == 0
+
+
+async def test_graceful_shutdown_gives_up_after_its_timeout(make_router):
+    client = await make_router(None, ScriptedWorker(token_delay_s=1.0))
+    stream = asyncio.create_task(client.post("/v1/completions", json={**BODY, "stream": True}))
+    await asyncio.sleep(0.1)
+    assert await client.router.shut_down_gracefully(0.2) == 1
+    await stream
