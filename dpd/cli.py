@@ -4,6 +4,10 @@
   dpd route --prefill URL --decode URL --tokenizer PATH   run the router alone
   dpd validate FILE [--schema]     check a config; print every error with its field path
   dpd prepare-model                prepare and cache the bundled model, print its path
+  dpd render FILE [-o DIR]         the Kubernetes manifests of a config (docs/kubernetes.md)
+  dpd crd [--operator]             the InferenceEndpointConfig CRD (and the operator's install)
+  dpd operator                     the Kubernetes operator (kopf), in a cluster
+  dpd k8s-router CONFIG            the router in a pod, workers found by EndpointSlices
   dpd bench overhead               router overhead: direct vs dpd vs vllm-router
   dpd bench run                    scenarios side by side on the Azure trace
   dpd bench plot DIR               PNG plots of a bench run
@@ -166,6 +170,30 @@ def _cmd_prepare_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_render(args: argparse.Namespace) -> int:
+    from dpd.k8s.cli import render_command
+
+    return render_command(args)
+
+
+def _cmd_crd(args: argparse.Namespace) -> int:
+    from dpd.k8s.cli import crd_command
+
+    return crd_command(args)
+
+
+def _cmd_operator(args: argparse.Namespace) -> int:
+    from dpd.k8s.operator import run_operator
+
+    return run_operator(args.namespace)
+
+
+def _cmd_k8s_router(args: argparse.Namespace) -> int:
+    from dpd.k8s.router_main import run_router
+
+    return run_router(args.config)
+
+
 def _cmd_keys(args: argparse.Namespace) -> int:
     import secrets
 
@@ -275,6 +303,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("prepare-model", help="prepare the bundled model and print its path")
     p.set_defaults(func=_cmd_prepare_model)
+
+    p = sub.add_parser("render", help="Kubernetes manifests of a config (deterministic; for GitOps)")
+    p.add_argument("file", help="InferenceEndpointConfig YAML")
+    p.add_argument("-o", "--out", metavar="DIR", help="write one file per object here instead of stdout")
+    p.add_argument("--dpd-image", help="image of the router (and CPU workers, model preparation)")
+    p.add_argument("--worker-image", help="image of the vLLM workers (default: spec.worker.image, else by buffer device)")
+    p.set_defaults(func=_cmd_render)
+
+    p = sub.add_parser("crd", help="the InferenceEndpointConfig CustomResourceDefinition (YAML)")
+    p.add_argument("--operator", action="store_true", help="also the operator: namespace, RBAC, Deployment, webhook Service")
+    p.add_argument("--namespace", default="dpd-system", help="the operator's namespace (with --operator)")
+    p.add_argument("--dpd-image", help="the operator's image (with --operator)")
+    p.set_defaults(func=_cmd_crd)
+
+    p = sub.add_parser("operator", help="run the Kubernetes operator (kopf) reconciling InferenceEndpointConfigs")
+    p.add_argument("--namespace", help="watch only this namespace (default: all)")
+    p.set_defaults(func=_cmd_operator)
+
+    p = sub.add_parser("k8s-router", help="run the router in a pod; workers come from EndpointSlices")
+    p.add_argument("config", help="the mounted config (dpd render's ConfigMap)")
+    p.set_defaults(func=_cmd_k8s_router)
     return parser
 
 

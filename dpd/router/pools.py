@@ -87,11 +87,32 @@ class Worker:
 
 
 class Pool:
-    def __init__(self, name: str, workers: list[Worker], breaker: CircuitBreaker | None = None):
+    def __init__(
+        self,
+        name: str,
+        workers: list[Worker],
+        breaker: CircuitBreaker | None = None,
+        new_worker: Callable[[str, str], Worker] | None = None,
+    ):
         self.name = name
         self.workers = workers
         # The pool's own breaker (the prefill pool's: consecutive failed disaggregated attempts).
         self.breaker = breaker
+        self._new_worker = new_worker or (lambda worker_name, url: Worker(worker_name, url, name))
+
+    def replace_workers(self, members: Sequence[tuple[str, str]]) -> None:
+        """Make the pool's workers ``members`` (name, URL) — discovery's view of the ready pods. A
+        worker still present keeps its object (in-flight count, breaker); a new one starts closed,
+        since it was found ready (its readiness probe is the worker's ``/health``)."""
+        current = {w.url: w for w in self.workers}
+        workers = []
+        for worker_name, url in members:
+            worker = current.get(url.rstrip("/"))
+            if worker is None:
+                worker = self._new_worker(worker_name, url.rstrip("/"))
+                worker.record_probe(True)
+            workers.append(worker)
+        self.workers = workers
 
     def available(self, tenant: str | None = None) -> list[Worker]:
         """Workers that may take a request of ``tenant`` now (half-open ones only as a last resort)."""
@@ -142,15 +163,12 @@ def make_pool(
     if len(names) != len(urls):
         raise ValueError(f"{name} pool: {len(urls)} URLs but {len(names)} names")
     owners = owners or {}
-    workers = [
-        Worker(
-            n, url.rstrip("/"), name,
-            CircuitBreaker(n, failure_threshold, open_s, on_transition=on_transition, state=BreakerState.OPEN),
-            owner=owners.get(n),
-        )
-        for n, url in zip(names, urls)
-    ]
-    return Pool(name, workers, pool_breaker)
+
+    def new_worker(worker_name: str, url: str) -> Worker:
+        breaker = CircuitBreaker(worker_name, failure_threshold, open_s, on_transition=on_transition, state=BreakerState.OPEN)
+        return Worker(worker_name, url.rstrip("/"), name, breaker, owner=owners.get(worker_name))
+
+    return Pool(name, [new_worker(n, url) for n, url in zip(names, urls)], pool_breaker, new_worker)
 
 
 class HealthProber:

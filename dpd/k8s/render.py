@@ -1,0 +1,274 @@
+"""A config document → the Kubernetes objects of one endpoint (pure, deterministic).
+
+``render(document)`` returns plain dicts in a fixed order: the router's RBAC, the config
+ConfigMap and secrets Secret, the Services, the prefill/decode/router Deployments, their
+PodDisruptionBudgets, the per-pool HorizontalPodAutoscalers, the NetworkPolicies and a
+ServiceMonitor. ``dpd render`` prints them for GitOps; the operator applies the very same
+objects. Same input, byte-identical output: no timestamps, no random names, maps sorted.
+
+The config travels to the router as a ConfigMap (``config.yaml``) with the secret parts —
+``router.adminKeySha256``, ``spec.tenants`` — moved to a Secret
+(``secrets.yaml``). The router's pod template carries a hash of the config *without*
+``routingThreshold``: a threshold change rewrites only the ConfigMap, which the running
+router reloads, so nothing restarts.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from dpd.config.load import parse_config
+from dpd.config.model import InferenceEndpointConfig
+from dpd.k8s.autoscaling import hpa, parse_autoscaling
+from dpd.k8s.workers import SIDE_CHANNEL_PORT, WORKER_HTTP_PORT, model_volume, pod_template
+
+DPD_IMAGE = "dpd:0.1.0"
+VLLM_GPU_IMAGE = "vllm/vllm-openai:v0.32.0"
+CONFIG_PATH = "/etc/dpd/config/config.yaml"
+SECRETS_PATH = "/etc/dpd/secrets/secrets.yaml"
+METRICS_LABEL = "dpd.dev/metrics"
+POOLS = ("prefill", "decode")
+SECRET_ROUTER_KEYS = ("adminKeySha256",)
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    dpd_image: str = DPD_IMAGE  # router, model preparation, CPU workers
+    worker_image: str | None = None  # default: spec.worker.image, else by buffer device
+
+
+def names(config: InferenceEndpointConfig) -> dict[str, str]:
+    base = config.metadata.name
+    return {
+        "prefill": f"{base}-prefill", "decode": f"{base}-decode", "router": f"{base}-router",
+        "config": f"{base}-config", "secrets": f"{base}-secrets", "workers": f"{base}-workers",
+    }
+
+
+def selector(config: InferenceEndpointConfig, component: str) -> dict[str, str]:
+    return {"app.kubernetes.io/instance": config.metadata.name, "app.kubernetes.io/component": component}
+
+
+def labels(config: InferenceEndpointConfig, component: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "dpd", **selector(config, component), "app.kubernetes.io/managed-by": "dpd"}
+
+
+def config_document(body: dict[str, Any]) -> dict[str, Any]:
+    """The config file a resource stands for: the API server's bookkeeping (uid,
+    resourceVersion, generation, managedFields, annotations, status) left out, so it never
+    changes what is rendered."""
+    metadata = body.get("metadata") or {}
+    document = {
+        "apiVersion": body.get("apiVersion"),
+        "kind": body.get("kind"),
+        "metadata": {k: metadata[k] for k in ("name", "namespace") if k in metadata},
+        "spec": body.get("spec"),
+    }
+    return {k: v for k, v in document.items() if v is not None}
+
+
+def split_secrets(document: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the document without secrets, the secrets) — read defensively: tenants may not exist yet."""
+    public = config_document(document)
+    public["spec"] = copy.deepcopy(public.get("spec") or {})
+    spec = public["spec"]
+    router = (spec.get("pdSpec") or {}).get("router") or {}
+    secrets: dict[str, Any] = {}
+    for key in SECRET_ROUTER_KEYS:
+        if router.get(key) is not None:
+            secrets[key] = router.pop(key)
+    if spec.get("tenants") is not None:
+        secrets["tenants"] = spec.pop("tenants")
+    return public, secrets
+
+
+# The parts of the config the router reads only when it starts. Pool sizes are found by
+# discovery and the threshold is reloaded live, so neither restarts the router.
+ROUTER_START_FIELDS = ("modelName", "modelSourceConfig", "maxModelLen")
+
+
+def config_hash(public: dict[str, Any], secrets: dict[str, Any]) -> str:
+    """Hash of what a running router cannot pick up without a restart."""
+    spec = public.get("spec") or {}
+    data = {
+        **{k: spec.get(k) for k in ROUTER_START_FIELDS},
+        "router": (spec.get("pdSpec") or {}).get("router"),
+        "secrets": secrets,
+    }
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _images(config: InferenceEndpointConfig, options: RenderOptions) -> dict[str, str]:
+    worker = options.worker_image or (config.spec.worker or {}).get("image")
+    if not worker:
+        worker = options.dpd_image if config.spec.pdSpec.kvTransferSpec.bufferDevice == "cpu" else VLLM_GPU_IMAGE
+    return {"dpd": options.dpd_image, "worker": worker}
+
+
+def _meta(config: InferenceEndpointConfig, name: str, component: str, **extra: Any) -> dict[str, Any]:
+    ns = {"namespace": config.metadata.namespace} if config.metadata.namespace else {}
+    return {"name": name, **ns, "labels": labels(config, component), **extra}
+
+
+def _deployment(config: InferenceEndpointConfig, name: str, component: str, template: dict, replicas: int | None) -> dict:
+    spec: dict[str, Any] = {"selector": {"matchLabels": selector(config, component)}, "template": template}
+    if replicas is not None:
+        spec = {"replicas": replicas, **spec}
+    # Workers are replaced one at a time, and a new one must be ready before an old one goes.
+    spec["strategy"] = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(config, name, component), "spec": spec}
+
+
+def _router_template(config: InferenceEndpointConfig, n: dict[str, str], images: dict[str, str], public: dict, secrets: dict) -> dict:
+    router = config.spec.pdSpec.router
+    volumes, mounts, init, model_env = model_volume(config, images["dpd"])
+    volumes = [*volumes, {"name": "config", "configMap": {"name": n["config"]}}]
+    mounts = [*mounts, {"name": "config", "mountPath": "/etc/dpd/config", "readOnly": True}]
+    env = [{"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}, *model_env]
+    if secrets:
+        volumes.append({"name": "secrets", "secret": {"secretName": n["secrets"]}})
+        mounts.append({"name": "secrets", "mountPath": "/etc/dpd/secrets", "readOnly": True})
+        env.append({"name": "DPD_SECRETS_FILE", "value": SECRETS_PATH})
+    container = {
+        "name": "router",
+        "image": images["dpd"],
+        "command": ["dpd", "k8s-router", CONFIG_PATH],
+        "env": env,
+        "ports": [{"name": "http", "containerPort": router.port, "protocol": "TCP"}],
+        "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
+        # /health is 200 only while a decoder is healthy: right for readiness (no traffic to a
+        # router that can serve nothing), wrong for liveness (restarting it would not help).
+        "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5, "failureThreshold": 2},
+        "livenessProbe": {"tcpSocket": {"port": "http"}, "periodSeconds": 10, "failureThreshold": 3},
+        "volumeMounts": mounts,
+    }
+    pod: dict[str, Any] = {"serviceAccountName": n["router"], "containers": [container], "volumes": volumes}
+    if init:
+        pod["initContainers"] = init
+    annotations = {"dpd.dev/config-hash": config_hash(public, secrets)}
+    return {"metadata": {"labels": labels(config, "router"), "annotations": annotations}, "spec": pod}
+
+
+def _rbac(config: InferenceEndpointConfig, n: dict[str, str]) -> list[dict]:
+    meta = _meta(config, n["router"], "router")
+    rules = [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]}]
+    subject = {"kind": "ServiceAccount", "name": n["router"], **({"namespace": config.metadata.namespace} if config.metadata.namespace else {})}
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta, "rules": rules},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta,
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": n["router"]},
+            "subjects": [subject],
+        },
+    ]
+
+
+def _services(config: InferenceEndpointConfig, n: dict[str, str]) -> list[dict]:
+    out = []
+    for pool in POOLS:
+        meta = _meta(config, n[pool], pool)
+        meta["labels"] = {**meta["labels"], METRICS_LABEL: "true"}
+        out.append({
+            "apiVersion": "v1", "kind": "Service", "metadata": meta,
+            # Headless: the router picks pods itself from the EndpointSlices; no kube-proxy hop.
+            "spec": {"clusterIP": "None", "selector": selector(config, pool), "ports": [
+                {"name": "http", "port": WORKER_HTTP_PORT, "targetPort": "http", "protocol": "TCP"},
+                {"name": "nixl", "port": SIDE_CHANNEL_PORT, "targetPort": "nixl", "protocol": "TCP"},
+            ]},
+        })
+    meta = _meta(config, n["router"], "router")
+    meta["labels"] = {**meta["labels"], METRICS_LABEL: "true"}
+    port = config.spec.pdSpec.router.port
+    out.append({"apiVersion": "v1", "kind": "Service", "metadata": meta, "spec": {
+        "type": "ClusterIP", "selector": selector(config, "router"),
+        "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}],
+    }})
+    return out
+
+
+def _network_policies(config: InferenceEndpointConfig, n: dict[str, str]) -> list[dict]:
+    instance = {"app.kubernetes.io/instance": config.metadata.name}
+    workers = {"matchLabels": instance, "matchExpressions": [
+        {"key": "app.kubernetes.io/component", "operator": "In", "values": list(POOLS)}]}
+    peers = {"matchLabels": instance, "matchExpressions": [
+        {"key": "app.kubernetes.io/component", "operator": "In", "values": ["router", *POOLS]}]}
+    prometheus = {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}
+    router_port = config.spec.pdSpec.router.port
+    return [
+        {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": _meta(config, n["workers"], "workers"), "spec": {
+            "podSelector": workers, "policyTypes": ["Ingress"],
+            "ingress": [
+                # The router (HTTP hops) and the other workers (NIXL side channel, KV pulls).
+                {"from": [{"podSelector": peers}]},
+                # Prometheus scrapes /metrics on the HTTP port only.
+                {"from": [prometheus], "ports": [{"port": "http", "protocol": "TCP"}]},
+            ],
+        }},
+        {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": _meta(config, n["router"], "router"), "spec": {
+            "podSelector": {"matchLabels": selector(config, "router")}, "policyTypes": ["Ingress"],
+            "ingress": [{"ports": [{"port": router_port, "protocol": "TCP"}]}],
+        }},
+    ]
+
+
+def render_config(config: InferenceEndpointConfig, document: dict[str, Any], options: RenderOptions = RenderOptions()) -> list[dict]:
+    n = names(config)
+    pd = config.spec.pdSpec
+    images = _images(config, options)
+    scaling = parse_autoscaling(pd.autoScalingSpec, {"prefill": pd.prefillSpec, "decode": pd.decodingSpec})
+    public, secrets = split_secrets(document)
+    objects = _rbac(config, n)
+    objects.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(config, n["config"], "router"),
+                    "data": {"config.yaml": yaml.safe_dump(public, sort_keys=True)}})
+    if secrets:
+        objects.append({"apiVersion": "v1", "kind": "Secret", "metadata": _meta(config, n["secrets"], "router"),
+                        "type": "Opaque", "stringData": {"secrets.yaml": yaml.safe_dump(secrets, sort_keys=True)}})
+    objects += _services(config, n)
+    for pool, spec in (("prefill", pd.prefillSpec), ("decode", pd.decodingSpec)):
+        template = pod_template(config, pool, labels(config, pool), selector(config, pool), images)
+        objects.append(_deployment(config, n[pool], pool, template, None if pool in scaling else spec.replicas))
+    objects.append(_deployment(config, n["router"], "router", _router_template(config, n, images, public, secrets), 1))
+    for component in (*POOLS, "router"):
+        objects.append({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": _meta(config, n[component], component),
+                        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector(config, component)}}})
+    ns = {"namespace": config.metadata.namespace} if config.metadata.namespace else {}
+    for pool in POOLS:
+        if pool in scaling:
+            objects.append(hpa(n[pool], n[pool], labels(config, pool), ns, scaling[pool]))
+    objects += _network_policies(config, n)
+    objects.append({"apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor", "metadata": _meta(config, config.metadata.name, "metrics"), "spec": {
+        "selector": {"matchLabels": {"app.kubernetes.io/instance": config.metadata.name, METRICS_LABEL: "true"}},
+        "endpoints": [{"port": "http", "path": "/metrics", "interval": "15s"}],
+    }})
+    return objects
+
+
+def render(document: dict[str, Any], options: RenderOptions = RenderOptions(), source: str = "<config>") -> list[dict]:
+    """Validate ``document`` exactly as ``dpd validate`` does, then render it."""
+    document = config_document(document)
+    return render_config(parse_config(document, source), document, options)
+
+
+class _Dumper(yaml.SafeDumper):
+    """Multi-line strings (the embedded config) as readable ``|`` blocks; no anchors/aliases."""
+
+    def ignore_aliases(self, data: object) -> bool:
+        return True
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def to_yaml(objects: list[dict]) -> str:
+    return yaml.dump_all(objects, Dumper=_Dumper, sort_keys=False, width=120)

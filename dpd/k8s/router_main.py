@@ -1,0 +1,119 @@
+"""``dpd k8s-router CONFIG``: the router in a pod, its pools kept by discovery.
+
+The same ``Router`` ``dpd serve`` runs, started with empty pools. ``EndpointSliceWatcher``
+fills them: ``sync_pool`` replaces a pool's worker list with the ready pods, keeping the
+``Worker`` object (in-flight count, health) of every pod still there. A new pod is marked
+healthy at once — its readiness probe is vLLM's ``/health`` — and the router's own prober
+and passive marking take over from there.
+
+The config arrives as a mounted ConfigMap (``render.CONFIG_PATH``) and the secret parts as a
+mounted Secret (``DPD_SECRETS_FILE``). The kubelet refreshes both in place; ``ThresholdReloader``
+re-reads the config and applies a new ``routingThreshold`` live, the way ``PUT
+/admin/threshold`` does, so changing the threshold restarts nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+
+from dpd.config.load import parse_config
+from dpd.config.model import InferenceEndpointConfig
+from dpd.k8s.api import KubeApi
+from dpd.k8s.discovery import Endpoint, EndpointSliceWatcher
+from dpd.k8s.workers import model_argument
+from dpd.router import Router, RouterSettings, make_server
+from dpd.router.pools import Pool
+
+log = logging.getLogger(__name__)
+
+
+def sync_pool(pool: Pool, endpoints: tuple[Endpoint, ...]) -> None:
+    """Make ``pool``'s workers the ready ``endpoints``; a worker still present keeps its state."""
+    pool.replace_workers([(e.name, e.url) for e in endpoints])
+
+
+def load_document(config_path: str, secrets_path: str | None) -> dict[str, Any]:
+    """The config file with the Secret's parts put back where ``render.split_secrets`` took them."""
+    document = yaml.safe_load(Path(config_path).read_text()) or {}
+    if secrets_path and Path(secrets_path).exists():
+        secrets = yaml.safe_load(Path(secrets_path).read_text()) or {}
+        spec = document.setdefault("spec", {})
+        router = spec.setdefault("pdSpec", {}).setdefault("router", {})
+        for key in ("adminKeySha256",):
+            if key in secrets:
+                router[key] = secrets[key]
+        if "tenants" in secrets:
+            spec["tenants"] = secrets["tenants"]
+    return document
+
+
+def cluster_settings(config: InferenceEndpointConfig) -> RouterSettings:
+    spec = config.spec
+    router = spec.pdSpec.router.model_copy(update={"host": "0.0.0.0"})
+    return RouterSettings(
+        spec=router, model_name=spec.modelName, max_model_len=spec.maxModelLen, tokenizer_path=model_argument(config),
+        threshold_tokens=spec.pdSpec.routingThreshold, prefill_urls=(), decode_urls=(), tenants=spec.tenants,
+    )
+
+
+class ThresholdReloader:
+    """Applies the config file's ``routingThreshold`` to a running router when it changes."""
+
+    def __init__(self, router: Router, config_path: str, secrets_path: str | None, interval_s: float = 5.0):
+        self._router = router
+        self._config_path = config_path
+        self._secrets_path = secrets_path
+        self._interval_s = interval_s
+
+    def reload_once(self) -> bool:
+        try:
+            config = parse_config(load_document(self._config_path, self._secrets_path), self._config_path)
+        except Exception as exc:  # noqa: BLE001 - a half-written or bad file: keep the running value
+            log.warning("config reload skipped: %s", exc)
+            return False
+        threshold = config.spec.pdSpec.routingThreshold
+        if threshold == self._router.decider.threshold_tokens:
+            return False
+        self._router.decider.set_threshold(threshold)
+        self._router.metrics.threshold.set(threshold)
+        log.info("routing threshold reloaded: %d tokens", threshold)
+        return True
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval_s)
+            self.reload_once()
+
+
+async def _serve(config: InferenceEndpointConfig, config_path: str, secrets_path: str | None, namespace: str) -> None:
+    router = Router(cluster_settings(config))
+    server = make_server(router, "0.0.0.0", config.spec.pdSpec.router.port, is_embedded=False)
+    pools = {"prefill": router.prefill, "decode": router.decode}
+    name = config.metadata.name
+    async with aiohttp.ClientSession() as session:
+        watcher = EndpointSliceWatcher(
+            KubeApi.in_cluster(session), namespace, {"prefill": f"{name}-prefill", "decode": f"{name}-decode"},
+            lambda pool, endpoints: sync_pool(pools[pool], endpoints),
+        )
+        tasks = [asyncio.create_task(watcher.run()), asyncio.create_task(ThresholdReloader(router, config_path, secrets_path).run())]
+        try:
+            await server.serve()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def run_router(config_path: str) -> int:
+    secrets_path = os.environ.get("DPD_SECRETS_FILE")
+    config = parse_config(load_document(config_path, secrets_path), config_path)
+    namespace = os.environ.get("POD_NAMESPACE") or config.metadata.namespace or "default"
+    asyncio.run(_serve(config, config_path, secrets_path, namespace))
+    return 0

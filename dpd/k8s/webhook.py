@@ -1,0 +1,29 @@
+"""Admission: the operator's validating webhook runs the very validation ``dpd validate`` runs.
+
+``admission_problems`` takes the object the API server sends (an ``InferenceEndpointConfig``
+resource) and returns the messages ``dpd validate`` would print for the same file — one per
+problem, each with its field path — followed by what only rendering can find
+(``autoScalingSpec``). An empty list admits the object. Pure; ``dpd.k8s.operator`` wires it
+to kopf's ``@kopf.on.validate``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dpd.config.load import ConfigError, parse_config
+from dpd.k8s.autoscaling import RenderError, parse_autoscaling
+from dpd.k8s.render import config_document
+
+
+def admission_problems(body: dict[str, Any]) -> list[str]:
+    try:
+        config = parse_config(config_document(body), "resource")
+    except ConfigError as exc:
+        return list(exc.problems)
+    pd = config.spec.pdSpec
+    try:
+        parse_autoscaling(pd.autoScalingSpec, {"prefill": pd.prefillSpec, "decode": pd.decodingSpec})
+    except RenderError as exc:
+        return list(exc.problems)
+    return []

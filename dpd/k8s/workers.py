@@ -1,0 +1,171 @@
+"""A pool spec → its worker pods: the vLLM container, the model volume, placement (pure).
+
+The worker command is the local launcher's (``dpd.launch.plan``): the same vLLM entry point,
+the same ``--kv-transfer-config`` from ``kv_transfer_config`` with the pool's kv role. What
+differs on a cluster: every pod has its own IP, so the HTTP and NIXL side-channel ports are
+fixed (``WORKER_HTTP_PORT``, ``SIDE_CHANNEL_PORT``) and the side-channel host is the pod IP;
+there is no core pinning (the kubelet's CPU manager does that); GPUs, RDMA HCAs and EFA
+interfaces are whatever ``resources`` requests.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from dpd.config.model import InferenceEndpointConfig, PoolSpec
+from dpd.launch.plan import kv_transfer_config
+from dpd.models.bundled import BUNDLED_DIR_NAME, PREPARATION_VERSION
+
+WORKER_HTTP_PORT = 8000
+SIDE_CHANNEL_PORT = 5600
+MODELS_DIR = "/models"
+# Where the dpd image keeps the NIXL progress-delay shim (Dockerfile: the repo at /opt/dpd).
+IMAGE_WORKER_SITE = "/opt/dpd/dpd/launch/worker_site"
+KV_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
+# Resource names that mean the pod talks RDMA (verbs needs locked memory: IPC_LOCK).
+RDMA_MARKERS = ("rdma", "efa", "mellanox", "hca")
+
+
+def model_argument(config: InferenceEndpointConfig) -> str:
+    """What ``--model`` (and the router's tokenizer) reads inside a pod."""
+    source = config.spec.modelSourceConfig
+    if source.modelSourceType == "bundled":
+        return f"{MODELS_DIR}/models/{BUNDLED_DIR_NAME}-v{PREPARATION_VERSION}"
+    return source.modelLocation or ""
+
+
+def model_volume(config: InferenceEndpointConfig, dpd_image: str) -> tuple[list[dict], list[dict], list[dict], list[dict]]:
+    """(volumes, mounts, init containers, env) that put the model where ``model_argument`` says."""
+    source = config.spec.modelSourceConfig
+    if source.modelSourceType == "local":
+        # A directory already on every node of the pool (pre-staged, or a shared filesystem).
+        location = source.modelLocation or ""
+        volumes = [{"name": "model", "hostPath": {"path": location, "type": "Directory"}}]
+        return volumes, [{"name": "model", "mountPath": location, "readOnly": True}], [], []
+    volumes = [{"name": "models", "emptyDir": {}}]
+    mounts = [{"name": "models", "mountPath": MODELS_DIR}]
+    if source.modelSourceType == "hub":
+        return volumes, mounts, [], [{"name": "HF_HOME", "value": f"{MODELS_DIR}/hf"}]
+    init = {
+        "name": "prepare-model",
+        "image": dpd_image,
+        "command": ["dpd", "prepare-model"],
+        "env": [{"name": "DPD_CACHE_DIR", "value": MODELS_DIR}],
+        "volumeMounts": mounts,
+    }
+    return volumes, mounts, [init], []
+
+
+def _uses_rdma(pool: PoolSpec) -> bool:
+    names = [*pool.resources.requests, *pool.resources.limits]
+    return any(marker in name.lower() for name in names for marker in RDMA_MARKERS)
+
+
+def _uses_gpu(pool: PoolSpec) -> bool:
+    return any(name.endswith("/gpu") for name in [*pool.resources.requests, *pool.resources.limits])
+
+
+def worker_env(config: InferenceEndpointConfig, pool: PoolSpec) -> list[dict[str, Any]]:
+    kv = config.spec.pdSpec.kvTransferSpec
+    env: list[dict[str, Any]] = [
+        {"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": str(SIDE_CHANNEL_PORT)},
+        {"name": "UCX_RCACHE_MAX_UNRELEASED", "value": "1024"},
+    ]
+    if kv.bufferDevice == "cpu":
+        env.append({"name": "VLLM_CPU_KVCACHE_SPACE", "value": f"{pool.kvCacheGiB:g}"})
+        if kv.nixlProgressDelayUs > 0:
+            env += [
+                {"name": "DPD_NIXL_PROGRESS_DELAY_US", "value": str(kv.nixlProgressDelayUs)},
+                {"name": "PYTHONPATH", "value": IMAGE_WORKER_SITE},
+            ]
+    managed = {e["name"] for e in env}
+    env += [{"name": k, "value": v} for k, v in sorted(pool.env.items()) if k not in managed]
+    overridden = {k: v for k, v in pool.env.items() if k in managed}
+    return [({"name": e["name"], "value": overridden[e["name"]]} if e["name"] in overridden else e) for e in env]
+
+
+def worker_args(config: InferenceEndpointConfig, pool_name: str, pool: PoolSpec) -> list[str]:
+    spec = config.spec
+    args = [
+        "--model", model_argument(config),
+        "--served-model-name", spec.modelName,
+        "--host", "0.0.0.0",
+        "--port", str(WORKER_HTTP_PORT),
+        "--max-model-len", str(spec.maxModelLen),
+    ]
+    if pool.tensorParallelSize > 1:
+        args += ["--tensor-parallel-size", str(pool.tensorParallelSize)]
+    kv_config = kv_transfer_config(config, KV_ROLES[pool_name])
+    args += ["--kv-transfer-config", json.dumps(kv_config, separators=(",", ":"), sort_keys=True)]
+    return args + list(pool.args)
+
+
+def _health_probe(period_s: int, failures: int, timeout_s: int = 5) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": "/health", "port": "http"},
+        "periodSeconds": period_s,
+        "timeoutSeconds": timeout_s,
+        "failureThreshold": failures,
+    }
+
+
+def _resources(pool: PoolSpec) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for kind in ("requests", "limits"):
+        values = getattr(pool.resources, kind)
+        if values:
+            out[kind] = {k: str(v) for k, v in sorted(values.items())}
+    # Extended resources (GPUs, HCAs, EFA) must have limits; requests alone are refused.
+    for name, value in out.get("requests", {}).items():
+        if "/" in name and name not in out.get("limits", {}):
+            out.setdefault("limits", {})[name] = value
+    return out
+
+
+def pod_template(
+    config: InferenceEndpointConfig, pool_name: str, labels: dict[str, str], selector: dict[str, str], images: dict[str, str]
+) -> dict[str, Any]:
+    pd = config.spec.pdSpec
+    pool = pd.prefillSpec if pool_name == "prefill" else pd.decodingSpec
+    topology = pd.topologySpec or {}
+    volumes, mounts, init, model_env = model_volume(config, images["dpd"])
+    volumes = [*volumes, {"name": "dshm", "emptyDir": {"medium": "Memory"}}]
+    mounts = [*mounts, {"name": "dshm", "mountPath": "/dev/shm"}]
+    container: dict[str, Any] = {
+        "name": "vllm",
+        "image": images["worker"],
+        "command": ["python3", "-m", "vllm.entrypoints.openai.api_server"],
+        "args": worker_args(config, pool_name, pool),
+        "env": [*model_env, *worker_env(config, pool)],
+        "ports": [
+            {"name": "http", "containerPort": WORKER_HTTP_PORT, "protocol": "TCP"},
+            {"name": "nixl", "containerPort": SIDE_CHANNEL_PORT, "protocol": "TCP"},
+        ],
+        "resources": _resources(pool),
+        # Loading weights and warming up can take minutes; liveness only starts after this.
+        "startupProbe": _health_probe(10, 90),
+        "readinessProbe": _health_probe(5, 3),
+        "livenessProbe": _health_probe(10, 6),
+        "volumeMounts": mounts,
+    }
+    if _uses_rdma(pool):
+        container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
+    term: dict[str, Any] = {"labelSelector": {"matchLabels": selector}, "topologyKey": topology.get("topologyKey", "kubernetes.io/hostname")}
+    if topology.get("requiredAntiAffinity"):
+        affinity = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
+    else:
+        affinity = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "podAffinityTerm": term}]}}
+    pod: dict[str, Any] = {"affinity": affinity, "containers": [container], "terminationGracePeriodSeconds": 60}
+    if init:
+        pod["initContainers"] = init
+    if pool.nodeSelector:
+        pod["nodeSelector"] = dict(sorted(pool.nodeSelector.items()))
+    tolerations = list(topology.get("tolerations", []))
+    if _uses_gpu(pool):
+        tolerations.append({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"})
+    if tolerations:
+        pod["tolerations"] = tolerations
+    pod["volumes"] = volumes
+    return {"metadata": {"labels": labels}, "spec": pod}

@@ -1,0 +1,194 @@
+"""The operator's reconcile, end to end on the objects it creates and patches.
+
+No Kubernetes API server can run on this machine (docs/kubernetes.md says why), so these run
+against ``k8s_fake.FakeApiServer``. Each lifecycle test is labelled step by step.
+"""
+
+import copy
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from dpd.k8s.install import operator_manifests
+from dpd.k8s.reconcile import LAST_APPLIED, merge_patch, plan_update, reconcile
+from dpd.k8s.router_main import ThresholdReloader
+from dpd.router.decide import ThresholdDecider
+from dpd.router.metrics import RouterMetrics
+from tests.unit.k8s_fake import FakeApiServer, apply_merge_patch
+
+NS = "inference"
+DEPLOYMENTS = f"/apis/apps/v1/namespaces/{NS}/deployments"
+CONFIGMAPS = f"/api/v1/namespaces/{NS}/configmaps"
+
+
+def resource(example="examples/minimal.yaml", **spec_changes):
+    body = yaml.safe_load(Path(example).read_text())
+    body["metadata"].update(namespace=NS, uid="iec-uid-1", generation=1, resourceVersion="7")
+    for path, value in spec_changes.items():
+        node = body["spec"]
+        *parents, last = path.split("__")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[last] = value
+    return body
+
+
+def templates(api):
+    return {p: copy.deepcopy(o["spec"]["template"]) for p, o in api.objects.items() if "/deployments/" in p}
+
+
+async def created(body):
+    api = FakeApiServer()
+    await reconcile(api, body)
+    for name in ("prefill", "decode", "router"):
+        api.set_ready(f"{DEPLOYMENTS}/{body['metadata']['name']}-{name}")
+    api.writes.clear()
+    return api
+
+
+@pytest.mark.parametrize(
+    "old, new, patch",
+    [
+        ({"a": 1}, {"a": 1}, {}),
+        ({"a": 1, "b": 2}, {"a": 1}, {"b": None}),
+        ({"s": {"r": 1, "t": {"x": 1}}}, {"s": {"r": 3, "t": {"x": 1}}}, {"s": {"r": 3}}),
+        ({"l": [1, 2]}, {"l": [2]}, {"l": [2]}),
+    ],
+)
+def test_merge_patch(old, new, patch):
+    assert merge_patch(old, new) == patch
+    assert apply_merge_patch(old, patch) == new
+
+
+async def test_create_then_status_then_nothing_to_do():
+    body = resource()
+    api = FakeApiServer()
+    # step 1: first reconcile creates every rendered object, each owned by the resource
+    status, actions = await reconcile(api, body)
+    assert actions and all(a.startswith("create ") for a in actions)
+    assert len(api.objects) == len(actions)
+    for obj in api.objects.values():
+        assert obj["metadata"]["ownerReferences"][0]["uid"] == "iec-uid-1"
+        assert obj["metadata"]["namespace"] == NS
+    # step 2: nothing is ready yet, and the status says which pool lags
+    assert status["pools"]["prefill"] == {"replicas": 1, "readyReplicas": 0, "updatedReplicas": 0, "summary": "0/1"}
+    ready = {c["type"]: c for c in status["conditions"]}["Ready"]
+    assert ready["status"] == "False" and "decode 0/1 ready" in ready["message"]
+    # step 3: the pods come up; the next reconcile writes nothing (defaults are not drift)
+    for name in ("prefill", "decode", "router"):
+        api.set_ready(f"{DEPLOYMENTS}/smollm2-minimal-{name}")
+    api.writes.clear()
+    status, actions = await reconcile(api, body)
+    assert actions == [] and api.writes == []
+    assert {c["type"]: c["status"] for c in status["conditions"]} == {"Valid": "True", "Ready": "True"}
+    assert status["observedGeneration"] == 1
+
+
+async def test_scale_change_patches_replicas_only():
+    api = await created(resource())
+    before = templates(api)
+    # step 1: the user scales the prefill pool 1 → 3: the Deployment's replicas, and the
+    # config copy the router reads (which it does not restart for)
+    _, actions = await reconcile(api, resource(pdSpec__prefillSpec__replicas=3))
+    assert actions == [f"patch {CONFIGMAPS}/smollm2-minimal-config", f"patch {DEPLOYMENTS}/smollm2-minimal-prefill"]
+    _, path, patch = api.writes[1]
+    assert patch["spec"] == {"replicas": 3} and set(patch) == {"spec", "metadata"}
+    assert set(patch["metadata"]) == {"annotations"}
+    # step 2: no pod template changed, so no pod restarts
+    assert templates(api) == before
+    assert api.objects[path]["spec"]["replicas"] == 3
+
+
+async def test_threshold_change_reaches_the_router_without_restarting_anything(tmp_path):
+    api = await created(resource())
+    before = templates(api)
+    # step 1: the threshold changes: only the config ConfigMap is patched
+    _, actions = await reconcile(api, resource(pdSpec__routingThreshold=512))
+    assert actions == [f"patch {CONFIGMAPS}/smollm2-minimal-config"]
+    assert templates(api) == before
+    # step 2: the kubelet refreshes the mounted file; the running router reloads it live
+    mounted = tmp_path / "config.yaml"
+    mounted.write_text(api.objects[f"{CONFIGMAPS}/smollm2-minimal-config"]["data"]["config.yaml"])
+    router = SimpleNamespace(decider=ThresholdDecider(2048), metrics=RouterMetrics())
+    assert ThresholdReloader(router, str(mounted), None).reload_once()
+    assert router.decider.threshold_tokens == 512
+
+
+async def test_engine_args_change_rolls_only_that_pool():
+    api = await created(resource())
+    before = templates(api)
+    _, actions = await reconcile(api, resource(pdSpec__decodingSpec__args=["--max-num-seqs", "64"]))
+    assert actions == [f"patch {CONFIGMAPS}/smollm2-minimal-config", f"patch {DEPLOYMENTS}/smollm2-minimal-decode"]
+    after = templates(api)
+    changed = [p for p in before if before[p] != after[p]]
+    assert changed == [f"{DEPLOYMENTS}/smollm2-minimal-decode"]
+    assert after[changed[0]]["spec"]["containers"][0]["args"][-2:] == ["--max-num-seqs", "64"]
+    assert after[changed[0]]["spec"]["containers"][0]["imagePullPolicy"] == "IfNotPresent"  # server defaults survive
+
+
+async def test_hpa_owns_replicas_and_removing_autoscaling_deletes_the_hpa():
+    body = resource("examples/gpu-rdma.yaml")
+    api = await created(body)
+    decode = f"{DEPLOYMENTS}/llama-8b-decode"
+    # step 1: the HPA scales decode to 9; dpd leaves that alone
+    api.scale_by_hpa(decode, 9)
+    _, actions = await reconcile(api, body)
+    assert actions == [] and api.objects[decode]["spec"]["replicas"] == 9
+    # step 2: autoscaling removed from the spec: the HPAs go, replicas come back to the spec's
+    body = resource("examples/gpu-rdma.yaml")
+    del body["spec"]["pdSpec"]["autoScalingSpec"]
+    _, actions = await reconcile(api, body)
+    assert f"delete /apis/autoscaling/v2/namespaces/{NS}/horizontalpodautoscalers/llama-8b-decode" in actions
+    assert api.objects[decode]["spec"]["replicas"] == 4
+
+
+async def test_deleted_object_is_recreated():
+    api = await created(resource())
+    await api.delete(f"{DEPLOYMENTS}/smollm2-minimal-router")
+    _, actions = await reconcile(api, resource())
+    assert actions == [f"create {DEPLOYMENTS}/smollm2-minimal-router"]
+
+
+async def test_invalid_spec_changes_nothing_and_says_why():
+    api = await created(resource())
+    status, actions = await reconcile(api, resource(pdSpec__router__picker="random"))
+    assert actions == [] and api.writes == []
+    valid = {c["type"]: c for c in status["conditions"]}["Valid"]
+    assert valid["status"] == "False"
+    assert valid["message"] == "spec.pdSpec.router.picker: Input should be 'least-outstanding' or 'power-of-two'"
+
+
+def test_plan_update_against_what_dpd_last_applied():
+    desired = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}, "data": {"a": "1"}}
+    # an object dpd did not apply is taken over whole
+    taken = plan_update(desired, {"metadata": {"name": "x"}, "data": {"a": "0"}})
+    assert taken["data"] == {"a": "1"} and LAST_APPLIED in taken["metadata"]["annotations"]
+    # unchanged since last applied: nothing, whatever else the live object carries
+    live = {"metadata": {"annotations": {LAST_APPLIED: json.dumps(desired)}}, "data": {"a": "1", "added-by-someone": "x"}}
+    assert plan_update(desired, live) == {}
+    changed = {**desired, "data": {"a": "2"}}
+    patch = plan_update(changed, live)
+    assert patch["data"] == {"a": "2"} and json.loads(patch["metadata"]["annotations"][LAST_APPLIED]) == changed
+
+
+def test_operator_install_manifests_validate():
+    for obj in operator_manifests():
+        kubernetes_validate.validate(obj, "1.33.0", strict=True)
+
+
+def test_kopf_validate_handler_answers_with_dpd_validate_messages():
+    import kopf
+
+    from dpd.k8s.operator import validate
+
+    validate(body=resource())  # admitted: no exception
+    with pytest.raises(kopf.AdmissionError) as exc:
+        validate(body=resource(pdSpec__prefilSpec={"replicas": 2}, maxModelLen=1))
+    assert str(exc.value).split("\n") == [
+        "spec.maxModelLen: Input should be greater than or equal to 16",
+        "spec.pdSpec.prefilSpec: unknown field (check spelling; see `dpd validate --schema`)",
+    ]

@@ -1,0 +1,243 @@
+"""dpd render: every object validates against Kubernetes' schemas; goldens; what each object says.
+
+Goldens live in tests/unit/golden/; regenerate them with ``DPD_UPDATE_GOLDEN=1``.
+"""
+
+import json
+import os
+import random
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from dpd.cli import main
+from dpd.config import load_config
+from dpd.k8s.autoscaling import RenderError, adapter_rules, parse_autoscaling, quantity
+from dpd.k8s.render import config_hash, render, render_config, split_secrets, to_yaml
+from dpd.launch.plan import kv_transfer_config, plan_workers
+from tests.unit.k8s_schema import errors
+
+EXAMPLES = sorted(Path("examples").glob("*.yaml"))
+GOLDEN = Path(__file__).parent / "golden"
+K8S_VERSION = "1.33.0"
+# prometheus-operator's ServiceMonitor CRD is not in kubernetes-validate. This is the subset of
+# its monitoring.coreos.com/v1 schema for the fields dpd writes (required ones, types, enums).
+SERVICE_MONITOR_SCHEMA = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"enum": ["monitoring.coreos.com/v1"]},
+        "kind": {"enum": ["ServiceMonitor"]},
+        "metadata": {"type": "object", "required": ["name"]},
+        "spec": {
+            "type": "object",
+            "required": ["selector", "endpoints"],
+            "additionalProperties": False,
+            "properties": {
+                "selector": {"type": "object", "properties": {"matchLabels": {"type": "object", "additionalProperties": {"type": "string"}}}},
+                "endpoints": {"type": "array", "minItems": 1, "items": {"type": "object", "additionalProperties": False, "properties": {
+                    "port": {"type": "string"}, "path": {"type": "string"},
+                    "interval": {"type": "string", "pattern": "^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"},
+                }}},
+            },
+        },
+    },
+}
+
+
+def rendered(example):
+    return render(yaml.safe_load(Path(example).read_text()))
+
+
+def by_kind(objects, kind, name_suffix=""):
+    found = [o for o in objects if o["kind"] == kind and o["metadata"]["name"].endswith(name_suffix)]
+    assert len(found) == 1, [o["metadata"]["name"] for o in found]
+    return found[0]
+
+
+def container(objects, pool):
+    return by_kind(objects, "Deployment", f"-{pool}")["spec"]["template"]["spec"]["containers"][0]
+
+
+def env(c):
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_every_object_validates_against_kubernetes_schemas(example):
+    objects = rendered(example)
+    for obj in objects:
+        if obj["kind"] == "ServiceMonitor":
+            assert errors(SERVICE_MONITOR_SCHEMA, obj) == []
+        else:
+            kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+    kinds = {o["kind"] for o in objects}
+    assert {"Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy", "ServiceMonitor", "ConfigMap", "Role"} <= kinds
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_golden(example):
+    text = to_yaml(rendered(example))
+    golden = GOLDEN / f"render-{example.stem}.yaml"
+    if os.environ.get("DPD_UPDATE_GOLDEN"):
+        golden.write_text(text)
+    assert golden.exists(), f"{golden} missing: run with DPD_UPDATE_GOLDEN=1"
+    assert text == golden.read_text(), f"render of {example} changed; if intended, regenerate with DPD_UPDATE_GOLDEN=1"
+
+
+def shuffled(value, rng):
+    if isinstance(value, dict):
+        items = list(value.items())
+        rng.shuffle(items)
+        return {k: shuffled(v, rng) for k, v in items}
+    return [shuffled(v, rng) for v in value] if isinstance(value, list) else value
+
+
+def test_render_is_deterministic_whatever_the_key_order():
+    document = yaml.safe_load(Path("examples/gpu-rdma.yaml").read_text())
+    first = to_yaml(render(document))
+    for seed in range(3):
+        assert to_yaml(render(shuffled(document, random.Random(seed)))) == first
+
+
+@pytest.mark.parametrize("pool, role", [("prefill", "kv_producer"), ("decode", "kv_consumer")])
+def test_workers_run_vllm_with_the_nixl_connector_and_their_role(pool, role):
+    config = load_config("examples/minimal.yaml")
+    c = container(rendered("examples/minimal.yaml"), pool)
+    args = c["args"]
+    kv = json.loads(args[args.index("--kv-transfer-config") + 1])
+    # The very connector config the local launcher gives the same pool.
+    assert kv == kv_transfer_config(config, role)
+    assert kv["kv_connector"] == "NixlConnector" and kv["kv_role"] == role
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"http": 8000, "nixl": 5600}
+    assert env(c)["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5600"
+    assert env(c)["VLLM_NIXL_SIDE_CHANNEL_HOST"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert {"readinessProbe", "livenessProbe", "startupProbe"} <= set(c)
+
+
+def test_minimal_example_also_runs_locally():
+    """The same file `dpd render` takes is one `dpd serve` runs: its local plan is sound."""
+    config = load_config("examples/minimal.yaml")
+    plans = plan_workers(config, "/models/smol", cores=[0, 1], python="py")
+    assert [(p.name, p.kv_role) for p in plans] == [("prefill-0", "kv_producer"), ("decode-0", "kv_consumer")]
+    assert len({p.side_channel_port for p in plans}) == 2
+    assert main(["validate", "examples/minimal.yaml"]) == 0
+
+
+def test_gpu_rdma_pods_request_devices_and_lock_memory():
+    objects = rendered("examples/gpu-rdma.yaml")
+    for pool in ("prefill", "decode"):
+        c = container(objects, pool)
+        assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"
+        assert c["resources"]["limits"]["rdma/rdma_shared_device_a"] == "1"
+        assert c["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
+        assert env(c)["UCX_TLS"] == "rc,cuda_copy,cuda_ipc"
+        assert "VLLM_CPU_KVCACHE_SPACE" not in env(c)
+        pod = by_kind(objects, "Deployment", f"-{pool}")["spec"]["template"]["spec"]
+        assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+        assert "podAntiAffinity" in pod["affinity"]
+
+
+def test_efa_example_uses_libfabric_and_requires_spreading():
+    objects = rendered("examples/gpu-efa.yaml")
+    c = container(objects, "decode")
+    kv = json.loads(c["args"][c["args"].index("--kv-transfer-config") + 1])
+    assert kv["kv_connector_extra_config"]["backends"] == ["LIBFABRIC"]
+    assert env(c)["FI_PROVIDER"] == "efa"
+    assert c["args"][c["args"].index("--tensor-parallel-size") + 1] == "8"
+    assert c["resources"]["limits"]["vpc.amazonaws.com/efa"] == "32"
+    pod = by_kind(objects, "Deployment", "-decode")["spec"]["template"]["spec"]
+    assert "requiredDuringSchedulingIgnoredDuringExecution" in pod["affinity"]["podAntiAffinity"]
+
+
+def test_each_pool_autoscales_on_its_own_metric_and_leaves_replicas_to_the_hpa():
+    objects = rendered("examples/gpu-rdma.yaml")
+    prefill, decode = by_kind(objects, "HorizontalPodAutoscaler", "-prefill"), by_kind(objects, "HorizontalPodAutoscaler", "-decode")
+    assert prefill["spec"]["metrics"][0]["pods"]["metric"]["name"] == "dpd_vllm_num_requests_waiting"
+    assert decode["spec"]["metrics"][0]["pods"]["metric"]["name"] == "dpd_vllm_kv_cache_usage"
+    assert decode["spec"]["metrics"][0]["pods"]["target"]["averageValue"] == "800m"
+    assert (prefill["spec"]["minReplicas"], prefill["spec"]["maxReplicas"]) == (2, 8)
+    assert decode["spec"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 600
+    assert "replicas" not in by_kind(objects, "Deployment", "-prefill")["spec"]
+    served = {r["name"]["as"] for r in adapter_rules()["rules"]}
+    assert {prefill["spec"]["metrics"][0]["pods"]["metric"]["name"], decode["spec"]["metrics"][0]["pods"]["metric"]["name"]} <= served
+    # Without autoScalingSpec the pool's replicas are the Deployment's.
+    assert by_kind(rendered("examples/minimal.yaml"), "Deployment", "-decode")["spec"]["replicas"] == 1
+
+
+def test_workers_are_reachable_only_from_the_router_and_each_other():
+    policy = by_kind(rendered("examples/minimal.yaml"), "NetworkPolicy", "-workers")["spec"]
+    assert policy["policyTypes"] == ["Ingress"]
+    peers, metrics = policy["ingress"]
+    assert peers["from"][0]["podSelector"]["matchExpressions"][0]["values"] == ["router", "prefill", "decode"]
+    assert peers["from"][0]["podSelector"]["matchLabels"] == {"app.kubernetes.io/instance": "smollm2-minimal"}
+    assert metrics["ports"] == [{"port": "http", "protocol": "TCP"}]  # Prometheus: HTTP only, no NIXL
+
+
+def test_secrets_leave_the_configmap_for_a_secret():
+    objects = render_config(load_config("examples/minimal.yaml"), {"spec": {"pdSpec": {"router": {"adminKeySha256": "ab" * 32}}},
+                                                                    "metadata": {"name": "smollm2-minimal"}})
+    config_text = by_kind(objects, "ConfigMap", "-config")["data"]["config.yaml"]
+    assert "ab" * 32 not in config_text
+    assert yaml.safe_load(by_kind(objects, "Secret", "-secrets")["stringData"]["secrets.yaml"]) == {"adminKeySha256": "ab" * 32}
+    router = by_kind(objects, "Deployment", "-router")["spec"]["template"]["spec"]
+    assert {"name": "secrets", "secret": {"secretName": "smollm2-minimal-secrets"}} in router["volumes"]
+    for obj in objects:
+        if obj["kind"] != "ServiceMonitor":
+            kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+    assert not [o for o in rendered("examples/minimal.yaml") if o["kind"] == "Secret"]
+
+
+def test_tenants_are_read_defensively_into_the_secret():
+    document = {"spec": {"tenants": [{"name": "a", "apiKeySha256": ["ab" * 32]}], "pdSpec": {"router": {"adminKeySha256": "cd" * 32}}}}
+    public, secrets = split_secrets(document)
+    assert secrets == {"tenants": [{"name": "a", "apiKeySha256": ["ab" * 32]}], "adminKeySha256": "cd" * 32}
+    assert "tenants" not in public["spec"] and public["spec"]["pdSpec"]["router"] == {}
+
+
+def test_router_restarts_only_for_what_it_reads_at_start():
+    public, _ = split_secrets(yaml.safe_load(Path("examples/minimal.yaml").read_text()))
+    base = config_hash(public, {})
+    public["spec"]["pdSpec"]["routingThreshold"] = 1
+    public["spec"]["pdSpec"]["prefillSpec"]["replicas"] = 5
+    assert config_hash(public, {}) == base
+    public["spec"]["pdSpec"]["router"] = {"picker": "power-of-two"}
+    assert config_hash(public, {}) != base
+    assert config_hash(split_secrets(yaml.safe_load(Path("examples/minimal.yaml").read_text()))[0], {"adminKeySha256": "abababababababababababababababababababababababababababababababab"}) != base
+
+
+@pytest.mark.parametrize(
+    "spec, problem",
+    [
+        ({"prefillAutoScaling": {"minReplicaCount": 1}}, "spec.pdSpec.autoScalingSpec.prefillAutoScaling.maxReplicaCount: required field is missing"),
+        ({"prefillAutoScaling": {"minReplicaCount": 4, "maxReplicaCount": 2}}, "spec.pdSpec.autoScalingSpec.prefillAutoScaling.maxReplicaCount: must be >= minReplicaCount (4), got 2"),
+        ({"decodeAutoScaling": {}}, "spec.pdSpec.autoScalingSpec.decodeAutoScaling: unknown field; allowed: prefillAutoScaling, decodingAutoScaling"),
+        ({"decodingAutoScaling": {"maxReplicaCount": 2, "targetValue": -1}}, "spec.pdSpec.autoScalingSpec.decodingAutoScaling.targetValue: must be a number > 0, got -1"),
+        ({"decodingAutoScaling": {"maxReplicaCount": 2, "metric": "num_requests_waiting"}}, "spec.pdSpec.autoScalingSpec.decodingAutoScaling.metric: must be one of num_requests_running, kv_cache_usage, got 'num_requests_waiting'"),
+    ],
+)
+def test_autoscaling_mistakes_name_the_field(spec, problem):
+    config = load_config("examples/minimal.yaml")
+    with pytest.raises(RenderError) as exc:
+        parse_autoscaling(spec, {"prefill": config.spec.pdSpec.prefillSpec, "decode": config.spec.pdSpec.decodingSpec})
+    assert problem in exc.value.problems
+
+
+@pytest.mark.parametrize("value, expected", [(4, "4"), (0.8, "800m"), (20000.0, "20000"), (0.05, "50m")])
+def test_quantity(value, expected):
+    assert quantity(value) == expected
+
+
+def test_cli_render_to_directory_and_crd(tmp_path, capsys):
+    assert main(["render", "examples/gpu-efa.yaml", "-o", str(tmp_path)]) == 0
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files[0] == "00-serviceaccount-llama-70b-efa-router.yaml" and "prometheus-adapter-rules.yaml" in files
+    assert len(files) == len(rendered("examples/gpu-efa.yaml")) + 1
+    capsys.readouterr()
+    assert main(["crd"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["kind"] == "CustomResourceDefinition"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("spec: {pdSpec: {routingThreshold: -1}}\n")
+    assert main(["render", str(bad)]) == 2
