@@ -1,8 +1,8 @@
 """Admission control: a bounded number of requests in flight, a bounded queue, a queue timeout.
 
-One gate per pool (``router.admission.prefill`` / ``.decode``): every request holds a decode
-slot for its whole life; a disaggregated request also holds a prefill slot for its prefill hop.
-The decode slot is taken first, so the two never wait on each other in a cycle.
+One gate per pool (``router.admission.prefill`` / ``.decode``): a prefill hop holds a prefill
+slot, a decode hop a decode slot until its stream ends. No request holds both at once, so the
+gates never wait on each other in a cycle (``flow.PdFlow`` takes them).
 
 A request first takes a slot of the ``AdmissionGate``. With a slot free it proceeds at once;
 otherwise it waits in a FIFO queue of at most ``max_queue`` requests for at most
