@@ -10,7 +10,8 @@ Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/mo
 (``admin.py``): threshold, worker states, drain and resume.
 
 Order of checks: API key (401) → body (400) → model (404) → length (400) → the tenant's token
-buckets (429) → decode-pool admission (429 after a bounded wait) → the P/D flow.
+buckets (429) → the P/D flow, whose hops each take a slot of their pool's admission gate
+(429 after a bounded wait).
 """
 
 from __future__ import annotations
