@@ -92,7 +92,8 @@ class CircuitBreaker:
         was_trial = self.is_trial_in_flight
         self.is_trial_in_flight = False
         if self.state is BreakerState.OPEN:
-            self.opened_at = self._clock()  # still failing: the cooldown starts over
+            # Failed probes of a worker that is down confirm what is known: the cooldown runs from
+            # the opening, so a worker that comes back after it gets its trial at its first good probe.
             return
         if is_definite or was_trial or self.state is BreakerState.HALF_OPEN or (
             self.num_consecutive_failures >= self.failure_threshold

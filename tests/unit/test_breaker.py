@@ -71,16 +71,16 @@ def test_failed_trial_reopens_and_restarts_the_cooldown():
     assert b.state is BreakerState.OPEN
 
 
-def test_failed_probe_opens_and_failures_while_open_extend_it():
+def test_failed_probe_opens_and_the_cooldown_runs_from_the_opening():
     clock = Clock()
     b, _ = breaker(clock)
     b.record_probe(False, "/health returned 503")
     assert b.state is BreakerState.OPEN
     clock.now += 3
-    b.record_failure("again")
-    clock.now += 3  # 6 s after opening, 3 s after the last failure
+    b.record_probe(False, "/health unreachable")  # still down: known, changes nothing
+    clock.now += 3  # 6 s after opening, 3 s after the last failed probe
     b.record_probe(True)
-    assert b.state is BreakerState.OPEN
+    assert b.state is BreakerState.HALF_OPEN
 
 
 def test_neutral_outcome_frees_the_trial_without_judging():
