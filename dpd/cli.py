@@ -129,7 +129,13 @@ def _cmd_bench_run(args: argparse.Namespace) -> int:
         trace_dir=args.trace, rates_rps=tuple(float(r) for r in args.rates.split(",")), duration_s=args.duration,
         threshold_tokens=args.threshold, slo=Slo(args.slo_ttft, args.slo_tpot), max_prompt_tokens=args.max_prompt_tokens,
         max_output_tokens=args.max_output_tokens, output_scale=args.output_scale, scenarios=scenarios,
+        bisect_steps=args.bisect, compare_at=args.compare_at,
+        sweep_thresholds=tuple(int(t) for t in args.sweep_thresholds.split(",") if t), sweep_rate_rps=args.sweep_rate,
+        workload=args.workload, burstiness=args.burstiness,
     )
+    if args.bisect and len(spec.rates_rps) != 2:
+        print("dpd bench run: --bisect needs --rates LO,HI (the bracket to bisect)", file=sys.stderr)
+        return 2
     results = run(spec, Path(args.out))
     print((Path(args.out) / "report.md").read_text())
     from dpd.bench.plots import plot
@@ -270,7 +276,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = bench.add_parser("run", help="scenarios side by side on the Azure trace: colocated, dpd, dpd-always, vllm-router")
     b.add_argument("--scenarios", default="colocated,dpd,dpd-always,vllm-router")
-    b.add_argument("--rates", default="0.1,0.25", help="request rates (req/s) to sweep")
+    b.add_argument("--rates", default="0.1,0.25", help="request rates (req/s) to run; with --bisect, the bracket LO,HI")
+    b.add_argument("--bisect", type=int, default=0, metavar="STEPS",
+                   help="find capacity by bisecting LO,HI this many times (after measuring LO and HI)")
+    b.add_argument("--compare-at", type=float, default=0.7,
+                   help="also run every scenario at this share of colocated capacity (the same-load ratios); 0: skip")
+    b.add_argument("--sweep-thresholds", default="", help="comma-separated thresholds: goodput vs threshold on the P/D endpoint")
+    b.add_argument("--sweep-rate", type=float, default=0.0, help="offered load of the sweep (default: dpd's capacity)")
+    b.add_argument("--workload", choices=("trace", "synthetic"), default="trace",
+                   help="the Azure trace, or a synthetic mix (70%% chat, 25%% retrieval, 5%% long)")
+    b.add_argument("--burstiness", type=float, default=1.0, help="synthetic arrivals: gamma shape (1 = Poisson, <1 burstier)")
     b.add_argument("--duration", type=float, default=90, help="seconds of trace per rate")
     b.add_argument("--threshold", type=int, default=1024, help="routing threshold of the dpd scenario")
     b.add_argument("--slo-ttft", type=float, default=10.0, help="TTFT SLO, seconds")

@@ -16,6 +16,7 @@ import sys
 import time
 
 import aiohttp
+from tqdm import tqdm
 
 from dpd.bench.stats import RequestRecord
 from dpd.bench.workloads import TraceRequest
@@ -82,27 +83,30 @@ async def send(
 
 async def replay(
     url: str, model: str, trace: list[TraceRequest], *, threshold_tokens: int, seed: int = 0,
-    timeout_s: float = 900, progress: bool = True,
+    timeout_s: float = 900, progress: bool = True, label: str = "requests",
 ) -> tuple[list[RequestRecord], float]:
-    """Send every request of ``trace`` at its arrival offset; return the records and the run time."""
+    """Send every request of ``trace`` at its arrival offset; return the records and the run time.
+    With ``progress``, a progress bar on stderr counts finished requests and failures."""
     records: list[RequestRecord | None] = [None] * len(trace)
-    done = 0
+    bar = tqdm(total=len(trace), desc=label, unit="req", file=sys.stderr, disable=not progress, dynamic_ncols=True)
+    failed = 0
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
         start = time.perf_counter()
 
         async def one(i: int, request: TraceRequest) -> None:
-            nonlocal done
+            nonlocal failed
             delay = request.arrival_s - (time.perf_counter() - start)
             if delay > 0:
                 await asyncio.sleep(delay)
             records[i] = await send(session, url, model, request, seed * 1_000_003 + i, threshold_tokens)
-            done += 1
-            if progress:
-                print(f"\r  {done}/{len(trace)} requests done", end="", file=sys.stderr, flush=True)
+            failed += not records[i].is_ok
+            bar.set_postfix(failed=failed, refresh=False)
+            bar.update()
 
-        await asyncio.gather(*(one(i, r) for i, r in enumerate(trace)))
+        try:
+            await asyncio.gather(*(one(i, r) for i, r in enumerate(trace)))
+        finally:
+            bar.close()
         duration_s = time.perf_counter() - start
-    if progress:
-        print(file=sys.stderr)
     return [r for r in records if r is not None], duration_s

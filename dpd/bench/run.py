@@ -1,13 +1,20 @@
-"""``dpd bench run``: scenarios side by side on the same cores, same trace, same rates.
+"""``dpd bench run``: scenarios side by side on the same cores, same workload, same rates.
 
-Scenarios, each a fresh endpoint on the same workers' cores, warmed up, then replayed at every
-rate of the sweep:
+Scenarios:
   colocated    ``dpd serve --colocated``: both workers as full servers behind dpd's router
   dpd          ``dpd serve`` with the routing threshold
-  dpd-always   ``dpd serve`` with threshold 0 (every request disaggregated)
+  dpd-always   the same P/D endpoint with threshold 0 (every request disaggregated)
   vllm-router  the same P/D workers behind ``vllm-router`` in its P/D mode (the peer)
-The trace is the Azure conv+code trace scaled to the machine (rate, output and prompt caps are
-recorded in the results). Capacity is the highest swept rate with SLO attainment >= 90%.
+Two endpoints are started on the same two cores, one after the other: the colocated one, then
+one P/D endpoint shared by the three P/D scenarios (the threshold is changed live through the
+admin API; vllm-router is put in front of its workers). Each scenario is warmed up first.
+
+Per scenario: capacity — the highest rate with SLO attainment >= 90% — from the listed rates,
+or by bisection between two rates (``bisect_steps``); then one run at the same offered load
+for every scenario (``compare_at`` × colocated capacity), where the ratios to colocated are
+taken. Optionally a threshold sweep on the P/D endpoint: goodput versus threshold.
+The workload is the Azure conv+code trace or a synthetic mix, scaled to the machine; the
+scaling is recorded in the results.
 """
 
 from __future__ import annotations
@@ -19,24 +26,27 @@ import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Callable
 
 import requests
 
 from dpd.bench.client import replay
 from dpd.bench.overhead import peer_router
 from dpd.bench.stats import RequestRecord, Slo, counter_totals, summarize
-from dpd.bench.workloads import Scaling, TraceRequest, load_azure_trace, scale
+from dpd.bench.workloads import Scaling, TraceRequest, load_azure_trace, scale, synthetic
 from dpd.launch.child import ServeProcess, write_config
 
 SCENARIOS = ("colocated", "dpd", "dpd-always", "vllm-router")
+PD_SCENARIOS = ("dpd", "dpd-always", "vllm-router")
 CAPACITY_ATTAINMENT = 0.9
 TRACE_OFFSET = 2000  # requests skipped: the trace's first minutes are sparser than the rest
+COUNTERS = ("dpd_pd_stalls_total", "dpd_fallbacks_total")
 
 
 @dataclass(frozen=True)
 class BenchSpec:
     trace_dir: str
-    rates_rps: tuple[float, ...]
+    rates_rps: tuple[float, ...]  # the rates swept; with bisect_steps > 0, the bracket [lo, hi]
     duration_s: float
     threshold_tokens: int
     slo: Slo
@@ -45,6 +55,12 @@ class BenchSpec:
     output_scale: float
     scenarios: tuple[str, ...] = SCENARIOS
     model: str = "smollm2-135m"
+    bisect_steps: int = 0
+    compare_at: float = 0.7  # the same-load comparison, as a share of colocated capacity (0: none)
+    sweep_thresholds: tuple[int, ...] = ()
+    sweep_rate_rps: float = 0.0  # 0: the dpd scenario's capacity
+    workload: str = "trace"  # or "synthetic"
+    burstiness: float = 1.0  # synthetic arrivals: gamma shape (1 = Poisson)
 
 
 def trace_at_rate(base: list[TraceRequest], spec: BenchSpec, rate_rps: float) -> tuple[list[TraceRequest], Scaling]:
@@ -64,6 +80,37 @@ def trace_at_rate(base: list[TraceRequest], spec: BenchSpec, rate_rps: float) ->
     return scale(window, scaling), scaling
 
 
+def workload_at_rate(base: list[TraceRequest], spec: BenchSpec, rate_rps: float) -> tuple[list[TraceRequest], str]:
+    """The requests of one run and the description every report states."""
+    if spec.workload == "synthetic":
+        num = max(2, round(rate_rps * spec.duration_s))
+        trace = synthetic(num, rate_rps, max_prompt_tokens=spec.max_prompt_tokens,
+                          output_tokens=(max(1, spec.max_output_tokens // 4), spec.max_output_tokens),
+                          burstiness=spec.burstiness, seed=int(rate_rps * 1000))
+        return trace, (f"synthetic mix 70% chat / 25% retrieval / 5% long, prompts up to {spec.max_prompt_tokens}, "
+                       f"outputs {max(1, spec.max_output_tokens // 4)}–{spec.max_output_tokens}, "
+                       f"gamma arrivals (shape {spec.burstiness:g}) at {rate_rps:g} req/s")
+    trace, scaling = trace_at_rate(base, spec, rate_rps)
+    return trace, f"Azure conv+code from request #{TRACE_OFFSET}: {scaling.describe()}"
+
+
+def find_capacity(measure: Callable[[float], float], lo: float, hi: float, steps: int) -> float:
+    """Bisect for the highest rate whose attainment (``measure(rate)``) is >= 90%, assuming
+    attainment falls as the rate rises. Measures ``lo`` and ``hi`` first: 0.0 if even ``lo``
+    fails, ``hi`` if ``hi`` passes; else ``steps`` halvings of [lo, hi]."""
+    if measure(lo) < CAPACITY_ATTAINMENT:
+        return 0.0
+    if measure(hi) >= CAPACITY_ATTAINMENT:
+        return hi
+    for _ in range(steps):
+        mid = round((lo + hi) / 2, 4)
+        if measure(mid) >= CAPACITY_ATTAINMENT:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
 def _by(records: list[RequestRecord], key: str) -> dict[str, list[RequestRecord]]:
     groups: dict[str, list[RequestRecord]] = {}
     for r in records:
@@ -71,97 +118,213 @@ def _by(records: list[RequestRecord], key: str) -> dict[str, list[RequestRecord]
     return groups
 
 
+def _counters(serve: ServeProcess) -> dict[str, float]:
+    return counter_totals(requests.get(serve.url + "/metrics", timeout=10).text, COUNTERS)
+
+
+def set_threshold(serve: ServeProcess, tokens: int) -> None:
+    """Change the live routing threshold (admin API, loopback: no admin key in bench configs)."""
+    resp = requests.put(serve.url + "/admin/threshold", json={"threshold_tokens": tokens}, timeout=10)
+    resp.raise_for_status()
+
+
 @contextlib.contextmanager
-def scenario_endpoint(name: str, spec: BenchSpec, work_dir: Path):
-    """Start the endpoint of one scenario; yield (target URL, the dpd endpoint)."""
+def endpoint(colocated: bool, spec: BenchSpec, work_dir: Path):
+    """A fresh endpoint on the benchmark's ports; stopped (Ctrl-C) and checked on exit."""
     work_dir.mkdir(parents=True, exist_ok=True)
-    threshold = 0 if name == "dpd-always" else spec.threshold_tokens
     config = write_config(work_dir / "endpoint.yaml", router_port=18400, worker_base_port=18500,
-                          side_channel_base_port=16500, routingThreshold=threshold)
-    serve = ServeProcess(config, *(["--colocated"] if name == "colocated" else []), log_path=work_dir / "serve.log")
+                          side_channel_base_port=16500, routingThreshold=spec.threshold_tokens)
+    print(f"[bench] starting the {'colocated' if colocated else 'P/D'} endpoint (~2–3 min)", file=sys.stderr, flush=True)
+    serve = ServeProcess(config, *(["--colocated"] if colocated else []), log_path=work_dir / "serve.log")
     try:
         serve.wait_ready()
-        if name == "vllm-router":
-            with peer_router("http://127.0.0.1:18501", prefill_url="http://127.0.0.1:18500") as url:
-                yield url, serve
-        else:
-            yield serve.url, serve
+        yield serve
     finally:
         survivors = serve.stop()
         if survivors:
             print(f"warning: {len(survivors)} process(es) survived the endpoint's stop", file=sys.stderr)
 
 
-def run_scenario(name: str, spec: BenchSpec, base: list[TraceRequest], work_dir: Path) -> dict:
+class Runner:
+    """Replays workloads against one target and records every run in ``results``."""
+
+    def __init__(self, name: str, url: str, spec: BenchSpec, base: list[TraceRequest], results: dict):
+        self.name, self.url, self.spec, self.base, self.results = name, url, spec, base, results
+
+    def warm_up(self) -> None:
+        warmup = [TraceRequest(0.0, 100, 4, "warmup"), TraceRequest(0.5, self.spec.threshold_tokens + 100, 4, "warmup")]
+        asyncio.run(replay(self.url, self.spec.model, warmup, threshold_tokens=self.spec.threshold_tokens, seed=999, progress=False))
+
+    def measure(self, rate: float, purpose: str, threshold: int | None = None) -> dict:
+        trace, workload = workload_at_rate(self.base, self.spec, rate)
+        label = f"{self.name} @ {rate:g} req/s ({purpose}{'' if threshold is None else f', threshold {threshold}'})"
+        records, duration_s = asyncio.run(replay(self.url, self.spec.model, trace, threshold_tokens=self.spec.threshold_tokens,
+                                                 seed=int(rate * 1000), label=label))
+        entry = {
+            "rate_rps": rate,
+            "purpose": purpose,
+            "workload": workload,
+            "all": summarize(records, duration_s, self.spec.slo),
+            "by_class": {k: summarize(v, duration_s, self.spec.slo) for k, v in _by(records, "request_class").items()},
+            "by_path": {k: summarize(v, duration_s, self.spec.slo) for k, v in _by(records, "path").items()},
+            "records": [asdict(r) for r in records],
+        }
+        if threshold is not None:
+            entry["threshold_tokens"] = threshold
+        print(f"[bench] {label}: attainment {entry['all']['slo_attainment']:.0%}, "
+              f"goodput {entry['all']['goodput_rps']:.3f} req/s", file=sys.stderr, flush=True)
+        self.results.setdefault("rates", []).append(entry)
+        return entry
+
+    def capacity(self) -> float:
+        spec = self.spec
+        if spec.bisect_steps > 0:
+            lo, hi = min(spec.rates_rps), max(spec.rates_rps)
+            return find_capacity(lambda r: self.measure(r, "capacity")["all"]["slo_attainment"], lo, hi, spec.bisect_steps)
+        ok = [r for r in spec.rates_rps if self.measure(r, "capacity")["all"]["slo_attainment"] >= CAPACITY_ATTAINMENT]
+        return max(ok) if ok else 0.0
+
+
+def _run_scenario(name: str, url: str, spec: BenchSpec, base: list[TraceRequest], compare_rps: float | None,
+                  serve: ServeProcess | None) -> dict:
     results: dict = {"scenario": name, "rates": []}
-    with scenario_endpoint(name, spec, work_dir) as (url, serve):
-        warmup = [TraceRequest(0.0, 100, 4, "warmup"), TraceRequest(0.5, spec.threshold_tokens + 100, 4, "warmup")]
-        asyncio.run(replay(url, spec.model, warmup, threshold_tokens=spec.threshold_tokens, seed=999, progress=False))
-        for rate in spec.rates_rps:
-            trace, scaling = trace_at_rate(base, spec, rate)
-            print(f"[bench] {name} @ {rate:g} req/s: {len(trace)} requests over {spec.duration_s:.0f}s", file=sys.stderr)
-            records, duration_s = asyncio.run(replay(url, spec.model, trace, threshold_tokens=spec.threshold_tokens, seed=int(rate * 1000)))
-            entry = {
-                "rate_rps": rate,
-                "scaling": scaling.describe(),
-                "all": summarize(records, duration_s, spec.slo),
-                "by_class": {k: summarize(v, duration_s, spec.slo) for k, v in _by(records, "request_class").items()},
-                "by_path": {k: summarize(v, duration_s, spec.slo) for k, v in _by(records, "path").items()},
-                "records": [asdict(r) for r in records],
-            }
-            results["rates"].append(entry)
-        # The router's own account of the P/D path: every stall past the deadline is counted.
-        metrics = requests.get(serve.url + "/metrics", timeout=10).text
-        results["router_counters"] = counter_totals(metrics, ("dpd_pd_stalls_total", "dpd_fallbacks_total"))
-    ok = [e["rate_rps"] for e in results["rates"] if e["all"]["slo_attainment"] >= CAPACITY_ATTAINMENT]
-    results["capacity_rps"] = max(ok) if ok else 0.0
+    runner = Runner(name, url, spec, base, results)
+    before = _counters(serve) if serve and name != "vllm-router" else None
+    runner.warm_up()
+    results["capacity_rps"] = runner.capacity()
+    if compare_rps:
+        runner.measure(compare_rps, "compare")
+    if before is not None:  # the router's own account of the P/D path during this scenario
+        after = _counters(serve)
+        results["router_counters"] = {k: after[k] - before[k] for k in COUNTERS}
     return results
 
 
 def run(spec: BenchSpec, out_dir: Path) -> dict:
-    base = load_azure_trace(spec.trace_dir)
+    base = load_azure_trace(spec.trace_dir) if spec.workload == "trace" else []
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    results = {"spec": {**asdict(spec), "slo": asdict(spec.slo)}, "scenarios": {}}
-    for name in spec.scenarios:
-        results["scenarios"][name] = run_scenario(name, spec, base, out_dir / name)
+    results: dict = {"spec": {**asdict(spec), "slo": asdict(spec.slo)}, "scenarios": {}, "sweep": []}
+
+    def save() -> None:
         (out_dir / "results.json").write_text(json.dumps(results, indent=1, default=str))
+
+    compare_rps: float | None = None
+    if "colocated" in spec.scenarios:
+        with endpoint(True, spec, out_dir / "colocated") as serve:
+            sc = _run_scenario("colocated", serve.url, spec, base, None, serve)
+            if spec.compare_at > 0 and sc["capacity_rps"] > 0:
+                compare_rps = round(spec.compare_at * sc["capacity_rps"], 4)
+                Runner("colocated", serve.url, spec, base, sc).measure(compare_rps, "compare")
+            results["scenarios"]["colocated"] = sc
+            results["compare_rate_rps"] = compare_rps
+            save()
+    pd_names = [n for n in spec.scenarios if n in PD_SCENARIOS]
+    if pd_names or spec.sweep_thresholds:
+        with endpoint(False, spec, out_dir / "pd") as serve:
+            for name in pd_names:
+                set_threshold(serve, 0 if name == "dpd-always" else spec.threshold_tokens)
+                if name == "vllm-router":
+                    pool = serve.config.spec.pdSpec
+                    base_port = pool.local.workerBasePort
+                    with peer_router(f"http://127.0.0.1:{base_port + 1}", prefill_url=f"http://127.0.0.1:{base_port}") as url:
+                        results["scenarios"][name] = _run_scenario(name, url, spec, base, compare_rps, None)
+                else:
+                    results["scenarios"][name] = _run_scenario(name, serve.url, spec, base, compare_rps, serve)
+                save()
+            if spec.sweep_thresholds:
+                results["sweep"] = sweep(serve, spec, base, results)
+            set_threshold(serve, spec.threshold_tokens)
     results["wall_time_s"] = time.time() - started
-    (out_dir / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    save()
     (out_dir / "report.md").write_text(report(results))
     return results
+
+
+def sweep(serve: ServeProcess, spec: BenchSpec, base: list[TraceRequest], results: dict) -> list[dict]:
+    """Goodput versus threshold at one offered load, on the live P/D endpoint."""
+    rate = spec.sweep_rate_rps or results["scenarios"].get("dpd", {}).get("capacity_rps") or max(spec.rates_rps)
+    holder: dict = {}
+    runner = Runner("sweep", serve.url, spec, base, holder)
+    entries = []
+    for threshold in spec.sweep_thresholds:
+        set_threshold(serve, threshold)
+        before = _counters(serve)
+        runner.warm_up()
+        entry = runner.measure(rate, "sweep", threshold)
+        after = _counters(serve)
+        entry["router_counters"] = {k: after[k] - before[k] for k in COUNTERS}
+        entries.append(entry)
+    return entries
 
 
 def _ms(x: float) -> str:
     return "—" if x != x else f"{x * 1000:.0f}"
 
 
+def _ratio(x: float, base: float) -> str:
+    return "—" if x != x or not base or base != base else f"{x / base:.2f}×"
+
+
+def _compare_entry(sc: dict) -> dict | None:
+    return next((e for e in sc["rates"] if e.get("purpose") == "compare"), None)
+
+
 def report(results: dict) -> str:
     spec = results["spec"]
+    scenarios = results["scenarios"]
     lines = [
-        f"SLO: TTFT ≤ {spec['slo']['ttft_s']} s and TPOT ≤ {spec['slo']['tpot_s']} s; capacity = highest swept rate "
-        f"with ≥ {CAPACITY_ATTAINMENT:.0%} attainment.",
-        "",
-        "| scenario | rate (req/s) | n | attainment | goodput (req/s) | P99 TTFT (ms) | P99 ITL (ms) | P99 TPOT (ms) | P99 ITL short (ms) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"SLO: TTFT ≤ {spec['slo']['ttft_s']} s and TPOT ≤ {spec['slo']['tpot_s']} s; capacity = highest rate with "
+        f"≥ {CAPACITY_ATTAINMENT:.0%} attainment"
+        + (f", bisected ({spec['bisect_steps']} steps) between {min(spec['rates_rps']):g} and {max(spec['rates_rps']):g} req/s."
+           if spec["bisect_steps"] else f", from the rates {', '.join(f'{r:g}' for r in spec['rates_rps'])} req/s."),
     ]
-    for name, sc in results["scenarios"].items():
-        for e in sc["rates"]:
+    workloads = sorted({e["workload"] for sc in scenarios.values() for e in sc["rates"]})
+    lines += ["", "Workload: " + ("; ".join(workloads[:1]) + (" (rate varies per run)" if len(workloads) > 1 else "")), ""]
+    lines += [
+        "| scenario | rate (req/s) | run | n | attainment | goodput (req/s) | P99 TTFT (ms) | P99 ITL (ms) | P99 TPOT (ms) | P99 ITL short (ms) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, sc in scenarios.items():
+        for e in sorted(sc["rates"], key=lambda e: (e["rate_rps"], e.get("purpose", ""))):
             a = e["all"]
             short = e["by_class"].get("short", {})
             lines.append(
-                f"| {name} | {e['rate_rps']:g} | {a['num_requests']:.0f} | {a['slo_attainment']:.0%} | {a['goodput_rps']:.3f} | "
-                f"{_ms(a['ttft_p99_s'])} | {_ms(a['itl_p99_s'])} | {_ms(a['tpot_p99_s'])} | {_ms(short.get('itl_p99_s', float('nan')))} |"
+                f"| {name} | {e['rate_rps']:g} | {e.get('purpose', '')} | {a['num_requests']:.0f} | {a['slo_attainment']:.0%} | "
+                f"{a['goodput_rps']:.3f} | {_ms(a['ttft_p99_s'])} | {_ms(a['itl_p99_s'])} | {_ms(a['tpot_p99_s'])} | "
+                f"{_ms(short.get('itl_p99_s', float('nan')))} |"
             )
     lines += ["", "| scenario | P/D stalls past the deadline | fallbacks to direct |", "|---|---|---|"]
-    for name, sc in results["scenarios"].items():
-        c = sc.get("router_counters", {})
-        if name == "vllm-router":  # its requests bypass dpd's router
-            lines.append(f"| {name} | n/a | n/a |")
-        else:
-            lines.append(f"| {name} | {c.get('dpd_pd_stalls_total', 0):.0f} | {c.get('dpd_fallbacks_total', 0):.0f} |")
-    lines += ["", "| scenario | capacity (req/s) | capacity ÷ colocated |", "|---|---|---|"]
-    base = results["scenarios"].get("colocated", {}).get("capacity_rps") or float("nan")
-    for name, sc in results["scenarios"].items():
-        lines.append(f"| {name} | {sc['capacity_rps']:g} | {sc['capacity_rps'] / base:.2f} |")
+    for name, sc in scenarios.items():
+        c = sc.get("router_counters")
+        lines.append(f"| {name} | n/a | n/a |" if c is None else
+                     f"| {name} | {c.get('dpd_pd_stalls_total', 0):.0f} | {c.get('dpd_fallbacks_total', 0):.0f} |")
+    base_sc = scenarios.get("colocated", {})
+    base_cap = base_sc.get("capacity_rps") or float("nan")
+    base_cmp = _compare_entry(base_sc) if base_sc else None
+    lines += ["", f"Ratios to colocated; same offered load = {results.get('compare_rate_rps') or '—'} req/s "
+                  f"({spec['compare_at']:.0%} of colocated capacity).", "",
+              "| scenario | capacity (req/s) | capacity ÷ colocated | P99 ITL short | ÷ colocated | P99 TTFT | ÷ colocated | P99 TPOT | ÷ colocated |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for name, sc in scenarios.items():
+        cmp = _compare_entry(sc)
+        row = [name, f"{sc['capacity_rps']:g}", _ratio(sc["capacity_rps"], base_cap)]
+        for key, cls in (("itl_p99_s", "short"), ("ttft_p99_s", None), ("tpot_p99_s", None)):
+            mine = (cmp["by_class"].get(cls, {}) if cls else cmp["all"]).get(key, float("nan")) if cmp else float("nan")
+            ref = (base_cmp["by_class"].get(cls, {}) if cls else base_cmp["all"]).get(key, float("nan")) if base_cmp else float("nan")
+            row += [_ms(mine), _ratio(mine, ref)]
+        lines.append("| " + " | ".join(row) + " |")
+    if results.get("sweep"):
+        lines += ["", f"Threshold sweep on the P/D endpoint at {results['sweep'][0]['rate_rps']:g} req/s:", "",
+                  "| threshold (tokens) | attainment | goodput (req/s) | P99 TTFT (ms) | P99 ITL short (ms) | P99 TTFT long (ms) | disaggregated | stalls |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for e in results["sweep"]:
+            a = e["all"]
+            lines.append(
+                f"| {e['threshold_tokens']} | {a['slo_attainment']:.0%} | {a['goodput_rps']:.3f} | {_ms(a['ttft_p99_s'])} | "
+                f"{_ms(e['by_class'].get('short', {}).get('itl_p99_s', float('nan')))} | "
+                f"{_ms(e['by_class'].get('long', {}).get('ttft_p99_s', float('nan')))} | "
+                f"{e['by_path'].get('disaggregated', {}).get('num_requests', 0):.0f} | "
+                f"{e.get('router_counters', {}).get('dpd_pd_stalls_total', 0):.0f} |"
+            )
     return "\n".join(lines)

@@ -9,6 +9,7 @@ and scale, and a prompt cap that fits requests into the model's context.
 from __future__ import annotations
 
 import csv
+import random
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
@@ -72,4 +73,65 @@ def scale(trace: list[TraceRequest], scaling: Scaling) -> list[TraceRequest]:
         if scaling.max_prompt_tokens:
             num_prompt = min(num_prompt, scaling.max_prompt_tokens)
         out.append(replace(r, arrival_s=r.arrival_s / scaling.rate_multiplier, num_prompt_tokens=num_prompt, num_output_tokens=num_output))
+    return out
+
+
+@dataclass(frozen=True)
+class MixClass:
+    """One class of a synthetic mix: its share of requests and its prompt-length range as fractions
+    of the longest prompt allowed (so a mix scales with the model's context)."""
+
+    name: str
+    share: float
+    min_frac: float
+    max_frac: float
+
+
+# 70% chat under 1k tokens, 25% retrieval-sized, 5% long — for a 4,096-token prompt budget:
+# chat 32–1,023 tokens, retrieval 1,024–3,071, long 3,072–4,096.
+DEFAULT_MIX = (
+    MixClass("chat", 0.70, 0.0078, 0.2497),
+    MixClass("retrieval", 0.25, 0.25, 0.7497),
+    MixClass("long", 0.05, 0.75, 1.0),
+)
+
+
+def arrival_times(num_requests: int, rate_rps: float, *, burstiness: float = 1.0, seed: int = 0) -> list[float]:
+    """Arrival offsets of an open-loop process at mean ``rate_rps``: gaps drawn from a gamma
+    distribution with shape ``burstiness`` (1.0 = Poisson; below 1 burstier, above 1 smoother),
+    the same convention as ``vllm bench serve --burstiness``. The first request arrives at 0."""
+    if rate_rps <= 0 or burstiness <= 0:
+        raise ValueError("rate_rps and burstiness must be > 0")
+    rng = random.Random(seed)
+    t, out = 0.0, []
+    for i in range(num_requests):
+        if i:
+            t += rng.gammavariate(burstiness, 1.0 / (rate_rps * burstiness))
+        out.append(t)
+    return out
+
+
+def synthetic(
+    num_requests: int, rate_rps: float, *, max_prompt_tokens: int, output_tokens: tuple[int, int] = (16, 64),
+    mix: tuple[MixClass, ...] = DEFAULT_MIX, burstiness: float = 1.0, seed: int = 0,
+) -> list[TraceRequest]:
+    """A synthetic mixed workload: each request's class drawn by share, its prompt length uniform
+    in the class's range, its output length uniform in ``output_tokens``; arrivals from
+    ``arrival_times``. ``source`` names the class. Deterministic for a seed."""
+    total = sum(c.share for c in mix)
+    if not mix or total <= 0:
+        raise ValueError("a mix needs at least one class with a positive share")
+    rng = random.Random(seed + 1)
+    out = []
+    for t in arrival_times(num_requests, rate_rps, burstiness=burstiness, seed=seed):
+        pick, acc = rng.random() * total, 0.0
+        cls = mix[-1]
+        for c in mix:
+            acc += c.share
+            if pick < acc:
+                cls = c
+                break
+        lo = max(1, round(cls.min_frac * max_prompt_tokens))
+        hi = max(lo, round(cls.max_frac * max_prompt_tokens))
+        out.append(TraceRequest(t, rng.randint(lo, hi), rng.randint(*output_tokens), cls.name))
     return out

@@ -213,6 +213,31 @@ def test_no_pd_stall_regression(endpoint, make_prompt):
     assert scrape(endpoint.url, "dpd_pd_stalls_total") == stalls_before
 
 
+def test_bench_short_run(endpoint):
+    """``dpd bench``'s client and metrics against the real endpoint: a few open-loop requests on
+    both paths, every one recorded with its path, TTFT, gaps and a TPOT that fits its E2E."""
+    import asyncio
+
+    from dpd.bench.client import replay
+    from dpd.bench.stats import Slo, summarize
+    from dpd.bench.workloads import TraceRequest
+
+    trace = [TraceRequest(0.0, 100, 8, "t"), TraceRequest(0.3, 1500, 8, "t"), TraceRequest(0.6, 300, 8, "t"),
+             TraceRequest(1.0, 1200, 8, "t"), TraceRequest(1.3, 64, 8, "t")]
+    records, duration_s = asyncio.run(replay(endpoint.url, MODEL, trace, threshold_tokens=1024, seed=77, progress=False))
+    assert [r.is_ok for r in records] == [True] * 5
+    assert [r.request_class for r in records] == ["short", "long", "short", "long", "short"]
+    assert [r.path for r in records] == ["direct", "disaggregated", "direct", "disaggregated", "direct"]
+    for r in records:
+        assert r.num_output_tokens == 8 and 0 < r.ttft_s < r.e2e_s
+        assert len(r.itls_s) >= 1 and r.ttft_s + sum(r.itls_s) <= r.e2e_s + 1e-6
+        assert r.tpot_s == pytest.approx((r.e2e_s - r.ttft_s) / 7)
+    summary = summarize(records, duration_s, Slo(ttft_s=60, tpot_s=5))
+    assert summary["num_failed"] == 0 and summary["slo_attainment"] == 1.0
+    print(f"\nbench short run: TTFT p50 {summary['ttft_p50_s']:.2f} s p99 {summary['ttft_p99_s']:.2f} s, "
+          f"TPOT p50 {summary['tpot_p50_s'] * 1000:.0f} ms, ITL p99 {summary['itl_p99_s'] * 1000:.0f} ms")
+
+
 def test_kill_prefill_worker_under_load(endpoint, client, make_prompt, capsys):
     """kill -9 the prefill worker while requests flow; nothing is lost, then it comes back."""
     results: list[tuple[str, str]] = []

@@ -1,0 +1,132 @@
+"""The benchmark's pure parts: synthetic workloads, capacity bisection, the report and plots."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import Counter
+from dataclasses import asdict
+
+import pytest
+
+from dpd.bench.run import CAPACITY_ATTAINMENT, BenchSpec, find_capacity, report
+from dpd.bench.stats import RequestRecord, Slo, summarize
+from dpd.bench.workloads import DEFAULT_MIX, arrival_times, synthetic
+
+
+def test_poisson_arrivals_hit_the_rate_and_are_deterministic():
+    times = arrival_times(4000, 2.0, seed=7)
+    assert times[0] == 0.0 and times == sorted(times)
+    assert times == arrival_times(4000, 2.0, seed=7)
+    assert (len(times) - 1) / times[-1] == pytest.approx(2.0, rel=0.05)
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    # Exponential gaps: coefficient of variation 1.
+    assert statistics.pstdev(gaps) / statistics.mean(gaps) == pytest.approx(1.0, abs=0.08)
+
+
+def test_gamma_burstiness_changes_variance_not_rate():
+    bursty = arrival_times(4000, 1.0, burstiness=0.25, seed=1)
+    gaps = [b - a for a, b in zip(bursty, bursty[1:])]
+    assert statistics.mean(gaps) == pytest.approx(1.0, rel=0.1)
+    # Gamma with shape k: CV = 1/sqrt(k) = 2.
+    assert statistics.pstdev(gaps) / statistics.mean(gaps) == pytest.approx(2.0, rel=0.12)
+
+
+@pytest.mark.parametrize("rate, burstiness", [(0, 1), (-1, 1), (1, 0)])
+def test_arrivals_reject_nonsense(rate, burstiness):
+    with pytest.raises(ValueError):
+        arrival_times(3, rate, burstiness=burstiness)
+
+
+def test_synthetic_mix_shares_and_ranges():
+    trace = synthetic(5000, 1.0, max_prompt_tokens=4096, output_tokens=(8, 32), seed=3)
+    counts = Counter(r.source for r in trace)
+    for cls in DEFAULT_MIX:
+        assert counts[cls.name] / len(trace) == pytest.approx(cls.share, abs=0.02)
+    ranges = {c: (min(r.num_prompt_tokens for r in trace if r.source == c), max(r.num_prompt_tokens for r in trace if r.source == c))
+              for c in counts}
+    assert ranges["chat"][0] >= 32 and ranges["chat"][1] < 1024
+    assert 1024 <= ranges["retrieval"][0] and ranges["retrieval"][1] < 3072
+    assert 3072 <= ranges["long"][0] and ranges["long"][1] <= 4096
+    assert all(8 <= r.num_output_tokens <= 32 for r in trace)
+    assert trace == synthetic(5000, 1.0, max_prompt_tokens=4096, output_tokens=(8, 32), seed=3)
+    assert trace != synthetic(5000, 1.0, max_prompt_tokens=4096, output_tokens=(8, 32), seed=4)
+
+
+def test_synthetic_scales_with_the_context():
+    trace = synthetic(500, 1.0, max_prompt_tokens=1024, seed=0)
+    assert max(r.num_prompt_tokens for r in trace) <= 1024
+
+
+def _measure_with_capacity(true_capacity: float):
+    seen: list[float] = []
+
+    def measure(rate: float) -> float:
+        seen.append(rate)
+        return 1.0 if rate <= true_capacity else 0.5
+
+    return measure, seen
+
+
+def test_bisection_converges_on_the_capacity():
+    measure, seen = _measure_with_capacity(0.17)
+    assert find_capacity(measure, 0.1, 0.3, 3) == 0.15  # 0.2 fails, 0.15 passes, 0.175 fails
+    assert seen == [0.1, 0.3, 0.2, 0.15, 0.175]
+
+
+def test_bisection_edges():
+    measure, seen = _measure_with_capacity(0.05)
+    assert find_capacity(measure, 0.1, 0.3, 3) == 0.0 and seen == [0.1]  # even LO fails: no more runs
+    measure, seen = _measure_with_capacity(1.0)
+    assert find_capacity(measure, 0.1, 0.3, 3) == 0.3 and seen == [0.1, 0.3]
+
+
+def test_attainment_threshold_is_ninety_percent():
+    assert CAPACITY_ATTAINMENT == 0.9
+    measure = {0.1: 0.9, 0.3: 0.89}.get
+    assert find_capacity(measure, 0.1, 0.3, 0) == 0.1
+
+
+def _entry(rate: float, purpose: str, itl_short: float, slo: Slo) -> dict:
+    short = RequestRecord(ttft_s=0.5, e2e_s=0.5 + 3 * itl_short, num_output_tokens=4, itls_s=[itl_short] * 3,
+                          path="direct", request_class="short")
+    records = [short]
+    entry = {"rate_rps": rate, "purpose": purpose, "workload": "test", "all": summarize(records, 10.0, slo),
+             "by_class": {"short": summarize(records, 10.0, slo)}, "by_path": {"direct": summarize(records, 10.0, slo)},
+             "records": [asdict(r) for r in records]}
+    return entry
+
+
+def _results(tmp_path=None) -> dict:
+    slo = Slo(10, 0.2)
+    spec = BenchSpec(trace_dir="x", rates_rps=(0.1, 0.3), duration_s=60, threshold_tokens=1024, slo=slo,
+                     max_prompt_tokens=4096, max_output_tokens=64, output_scale=0.5, bisect_steps=2)
+    spec_dict = {**asdict(spec), "slo": asdict(slo)}
+    colocated = {"scenario": "colocated", "capacity_rps": 0.2,
+                 "rates": [_entry(0.1, "capacity", 0.04, slo), _entry(0.14, "compare", 0.040, slo)],
+                 "router_counters": {"dpd_pd_stalls_total": 0, "dpd_fallbacks_total": 0}}
+    dpd = {"scenario": "dpd", "capacity_rps": 0.15,
+           "rates": [_entry(0.1, "capacity", 0.02, slo), _entry(0.14, "compare", 0.020, slo)],
+           "router_counters": {"dpd_pd_stalls_total": 1, "dpd_fallbacks_total": 2}}
+    sweep = [{**_entry(0.15, "sweep", 0.03, slo), "threshold_tokens": t, "router_counters": {"dpd_pd_stalls_total": 0}}
+             for t in (0, 1024)]
+    return {"spec": spec_dict, "scenarios": {"colocated": colocated, "dpd": dpd}, "compare_rate_rps": 0.14, "sweep": sweep}
+
+
+def test_report_states_ratios_to_colocated():
+    text = report(_results())
+    assert "bisected (2 steps) between 0.1 and 0.3" in text
+    dpd_row = next(line for line in text.splitlines() if line.startswith("| dpd | 0.15 |"))
+    # capacity 0.15 / 0.2 = 0.75; P99 ITL short 20 ms vs 40 ms = 0.5
+    assert "0.75×" in dpd_row and "| 20 | 0.50× |" in dpd_row
+    assert "| dpd | 1 | 2 |" in text  # stalls and fallbacks
+    assert "| 0 | 100% |" in text and "| 1024 | 100% |" in text  # the sweep rows
+
+
+def test_plots_are_drawn_from_results_json(tmp_path):
+    from dpd.bench.plots import plot
+
+    (tmp_path / "results.json").write_text(json.dumps(_results()))
+    written = plot(tmp_path)
+    assert {p.name for p in written} == {"attainment.png", "ttft_cdf.png", "itl_cdf.png", "latency_over_time.png", "sweep.png"}
+    assert all(p.stat().st_size > 1000 for p in written)
