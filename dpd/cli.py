@@ -47,6 +47,21 @@ def with_overrides(config: InferenceEndpointConfig, args: argparse.Namespace) ->
     return parse_config(data, "command-line overrides")
 
 
+def _number_list(kind: type, minimum: float):
+    """An argparse type: comma-separated numbers, each >= ``minimum`` (a usage error otherwise)."""
+
+    def parse(text: str) -> tuple:
+        try:
+            values = tuple(kind(v) for v in text.split(",") if v.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated {kind.__name__}s, got {text!r}") from None
+        if any(v < minimum for v in values):
+            raise argparse.ArgumentTypeError(f"every value must be >= {minimum:g}, got {text!r}")
+        return values
+
+    return parse
+
+
 def _cmd_validate(args: argparse.Namespace) -> int:
     if args.schema:
         print(json.dumps(json_schema(), indent=2))
@@ -126,13 +141,16 @@ def _cmd_bench_run(args: argparse.Namespace) -> int:
         print(f"dpd bench run: unknown scenario(s) {sorted(unknown)}; allowed: {', '.join(SCENARIOS)}", file=sys.stderr)
         return 2
     spec = BenchSpec(
-        trace_dir=args.trace, rates_rps=tuple(float(r) for r in args.rates.split(",")), duration_s=args.duration,
+        trace_dir=args.trace, rates_rps=args.rates, duration_s=args.duration,
         threshold_tokens=args.threshold, slo=Slo(args.slo_ttft, args.slo_tpot), max_prompt_tokens=args.max_prompt_tokens,
         max_output_tokens=args.max_output_tokens, output_scale=args.output_scale, scenarios=scenarios,
         bisect_steps=args.bisect, compare_at=args.compare_at,
-        sweep_thresholds=tuple(int(t) for t in args.sweep_thresholds.split(",") if t), sweep_rate_rps=args.sweep_rate,
+        sweep_thresholds=args.sweep_thresholds, sweep_rate_rps=args.sweep_rate,
         workload=args.workload, burstiness=args.burstiness,
     )
+    if not spec.rates_rps:
+        print("dpd bench run: --rates needs at least one rate", file=sys.stderr)
+        return 2
     if args.bisect and len(spec.rates_rps) != 2:
         print("dpd bench run: --bisect needs --rates LO,HI (the bracket to bisect)", file=sys.stderr)
         return 2
@@ -276,12 +294,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = bench.add_parser("run", help="scenarios side by side on the Azure trace: colocated, dpd, dpd-always, vllm-router")
     b.add_argument("--scenarios", default="colocated,dpd,dpd-always,vllm-router")
-    b.add_argument("--rates", default="0.1,0.25", help="request rates (req/s) to run; with --bisect, the bracket LO,HI")
+    b.add_argument("--rates", type=_number_list(float, 0.001), default=(0.1, 0.25), help="request rates (req/s) to run; with --bisect, the bracket LO,HI")
     b.add_argument("--bisect", type=int, default=0, metavar="STEPS",
                    help="find capacity by bisecting LO,HI this many times (after measuring LO and HI)")
     b.add_argument("--compare-at", type=float, default=0.7,
                    help="also run every scenario at this share of colocated capacity (the same-load ratios); 0: skip")
-    b.add_argument("--sweep-thresholds", default="", help="comma-separated thresholds: goodput vs threshold on the P/D endpoint")
+    b.add_argument("--sweep-thresholds", type=_number_list(int, 0), default=(), help="comma-separated thresholds: goodput vs threshold on the P/D endpoint")
     b.add_argument("--sweep-rate", type=float, default=0.0, help="offered load of the sweep (default: dpd's capacity)")
     b.add_argument("--workload", choices=("trace", "synthetic"), default="trace",
                    help="the Azure trace, or a synthetic mix (70%% chat, 25%% retrieval, 5%% long)")

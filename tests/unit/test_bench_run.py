@@ -130,3 +130,29 @@ def test_plots_are_drawn_from_results_json(tmp_path):
     written = plot(tmp_path)
     assert {p.name for p in written} == {"attainment.png", "ttft_cdf.png", "itl_cdf.png", "latency_over_time.png", "sweep.png"}
     assert all(p.stat().st_size > 1000 for p in written)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--rates", "abc"], "expected comma-separated floats"),
+    (["--rates", "0.1,-1"], "must be >= 0.001"),
+    (["--sweep-thresholds", "1,x"], "expected comma-separated ints"),
+    (["--sweep-thresholds", "-5"], "must be >= 0"),
+])
+def test_bench_run_rejects_bad_numbers_with_a_usage_error(argv, message, capsys):
+    from dpd.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "run", *argv])
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--rates", ""], "needs at least one rate"),
+    (["--bisect", "2", "--rates", "0.1"], "needs --rates LO,HI"),
+    (["--scenarios", "colocated,nope"], "unknown scenario"),
+])
+def test_bench_run_rejects_bad_combinations_before_starting_anything(argv, message, capsys):
+    from dpd.cli import main
+
+    assert main(["bench", "run", *argv]) == 2
+    assert message in capsys.readouterr().err
