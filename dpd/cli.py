@@ -301,8 +301,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also run every scenario at this share of colocated capacity (the same-load ratios); 0: skip")
     b.add_argument("--sweep-thresholds", type=_number_list(int, 0), default=(), help="comma-separated thresholds: goodput vs threshold on the P/D endpoint")
     b.add_argument("--sweep-rate", type=float, default=0.0, help="offered load of the sweep (default: dpd's capacity)")
-    b.add_argument("--workload", choices=("trace", "synthetic"), default="trace",
-                   help="the Azure trace, or a synthetic mix (70%% chat, 25%% retrieval, 5%% long)")
+    b.add_argument("--workload", choices=("trace", "synthetic", "sessions"), default="trace",
+                   help="the Azure trace, a synthetic mix (70%% chat, 25%% retrieval, 5%% long), "
+                        "or multi-turn agent sessions (prompts extend the previous turn: prefix reuse)")
     b.add_argument("--burstiness", type=float, default=1.0, help="synthetic arrivals: gamma shape (1 = Poisson, <1 burstier)")
     b.add_argument("--duration", type=float, default=90, help="seconds of trace per rate")
     b.add_argument("--threshold", type=int, default=1024, help="routing threshold of the dpd scenario")

@@ -2,7 +2,8 @@
 
 Each request is sent at its trace arrival time whatever the state of earlier ones (open loop:
 a slow server faces a queue, as in production). Prompts are token-id lists of exactly the
-trace's length, random and so distinct per request (no prefix-cache hits); outputs are forced
+trace's length, random and so distinct per request (no prefix-cache hits) — except within a
+session (``TraceRequest.session``), whose turns extend one another; outputs are forced
 to the trace's length with ``ignore_eos``. Per request it records TTFT, every inter-chunk gap,
 E2E, token counts and the path the router reports (``x-dpd-path``).
 """
@@ -99,7 +100,9 @@ async def replay(
             delay = request.arrival_s - (time.perf_counter() - start)
             if delay > 0:
                 await asyncio.sleep(delay)
-            records[i] = await send(session, url, model, request, seed * 1_000_003 + i, threshold_tokens)
+            # A session's turns draw from one seed, so each prompt extends the previous turn's.
+            key = i if request.session is None else 10_000_000 + request.session
+            records[i] = await send(session, url, model, request, seed * 1_000_003 + key, threshold_tokens)
             failed += not records[i].is_ok
             bar.set_postfix(failed=failed, refresh=False)
             bar.update()

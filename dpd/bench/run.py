@@ -33,7 +33,7 @@ import requests
 from dpd.bench.client import replay
 from dpd.bench.overhead import peer_router
 from dpd.bench.stats import RequestRecord, Slo, counter_totals, summarize
-from dpd.bench.workloads import Scaling, TraceRequest, load_azure_trace, scale, synthetic
+from dpd.bench.workloads import Scaling, TraceRequest, agent_sessions, load_azure_trace, scale, synthetic
 from dpd.launch.child import ServeProcess, write_config
 
 SCENARIOS = ("colocated", "dpd", "dpd-always", "vllm-router")
@@ -59,7 +59,7 @@ class BenchSpec:
     compare_at: float = 0.7  # the same-load comparison, as a share of colocated capacity (0: none)
     sweep_thresholds: tuple[int, ...] = ()
     sweep_rate_rps: float = 0.0  # 0: the dpd scenario's capacity
-    workload: str = "trace"  # or "synthetic"
+    workload: str = "trace"  # or "synthetic", or "sessions" (multi-turn, shared prefixes)
     burstiness: float = 1.0  # synthetic arrivals: gamma shape (1 = Poisson)
 
 
@@ -82,6 +82,15 @@ def trace_at_rate(base: list[TraceRequest], spec: BenchSpec, rate_rps: float) ->
 
 def workload_at_rate(base: list[TraceRequest], spec: BenchSpec, rate_rps: float) -> tuple[list[TraceRequest], str]:
     """The requests of one run and the description every report states."""
+    if spec.workload == "sessions":
+        turns = 4
+        num_sessions = max(1, round(rate_rps * spec.duration_s / turns))
+        trace = agent_sessions(num_sessions, rate_rps, turns=turns, first_prompt_tokens=spec.max_prompt_tokens // 4,
+                               tokens_per_turn=spec.max_prompt_tokens // 8, output_tokens=spec.max_output_tokens,
+                               max_prompt_tokens=spec.max_prompt_tokens, seed=int(rate_rps * 1000))
+        return trace, (f"agent sessions: {num_sessions} × {turns} turns 5 s apart, prompts from "
+                       f"{spec.max_prompt_tokens // 4} growing {spec.max_prompt_tokens // 8} per turn (shared prefixes), "
+                       f"outputs {spec.max_output_tokens}, sessions at {rate_rps / turns:g}/s")
     if spec.workload == "synthetic":
         num = max(2, round(rate_rps * spec.duration_s))
         trace = synthetic(num, rate_rps, max_prompt_tokens=spec.max_prompt_tokens,

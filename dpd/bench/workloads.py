@@ -23,6 +23,9 @@ class TraceRequest:
     num_prompt_tokens: int
     num_output_tokens: int
     source: str
+    # Requests of one session share a prompt prefix: each turn's prompt extends the previous one
+    # (the client derives a session's token ids from the session, not the request).
+    session: int | None = None
 
 
 @dataclass(frozen=True)
@@ -135,3 +138,21 @@ def synthetic(
         hi = max(lo, round(cls.max_frac * max_prompt_tokens))
         out.append(TraceRequest(t, rng.randint(lo, hi), rng.randint(*output_tokens), cls.name))
     return out
+
+
+def agent_sessions(
+    num_sessions: int, rate_rps: float, *, turns: int = 4, first_prompt_tokens: int = 1024,
+    tokens_per_turn: int = 256, output_tokens: int = 32, think_time_s: float = 5.0, max_prompt_tokens: int = 4096,
+    seed: int = 0,
+) -> list[TraceRequest]:
+    """Multi-turn agent sessions, the workload that reuses prefixes: sessions start at a mean
+    request rate of ``rate_rps`` (Poisson), each sends ``turns`` requests ``think_time_s`` apart,
+    and every turn's prompt is the previous one plus ``tokens_per_turn`` (capped at
+    ``max_prompt_tokens``). Sorted by arrival."""
+    starts = arrival_times(num_sessions, rate_rps / max(1, turns), seed=seed)
+    out = [
+        TraceRequest(start + turn * think_time_s, min(max_prompt_tokens, first_prompt_tokens + turn * tokens_per_turn),
+                     output_tokens, f"session-turn-{turn + 1}", session=i)
+        for i, start in enumerate(starts) for turn in range(turns)
+    ]
+    return sorted(out, key=lambda r: r.arrival_s)

@@ -156,3 +156,30 @@ def test_bench_run_rejects_bad_combinations_before_starting_anything(argv, messa
 
     assert main(["bench", "run", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_agent_sessions_grow_their_prompts_and_share_prefixes():
+    from dpd.bench.client import prompt_token_ids
+    from dpd.bench.workloads import agent_sessions
+
+    trace = agent_sessions(3, 0.5, turns=3, first_prompt_tokens=100, tokens_per_turn=50, max_prompt_tokens=180,
+                           think_time_s=2.0, seed=1)
+    assert len(trace) == 9 and [r.arrival_s for r in trace] == sorted(r.arrival_s for r in trace)
+    by_session: dict[int, list] = {}
+    for r in trace:
+        by_session.setdefault(r.session, []).append(r)
+    for turns in by_session.values():
+        assert [r.num_prompt_tokens for r in turns] == [100, 150, 180]  # capped at 180
+        assert [round(b.arrival_s - a.arrival_s, 6) for a, b in zip(turns, turns[1:])] == [2.0, 2.0]
+    # The client draws a session's ids from one seed: each turn's prompt extends the last.
+    assert prompt_token_ids(180, 42)[:100] == prompt_token_ids(100, 42)
+
+
+def test_sessions_workload_is_described():
+    from dpd.bench.run import workload_at_rate
+
+    spec = BenchSpec(trace_dir="x", rates_rps=(0.4,), duration_s=60, threshold_tokens=1024, slo=Slo(10, 0.2),
+                     max_prompt_tokens=4096, max_output_tokens=32, output_scale=1, workload="sessions")
+    trace, text = workload_at_rate([], spec, 0.4)
+    assert len(trace) == 24 and "shared prefixes" in text
+    assert {r.num_prompt_tokens for r in trace} == {1024, 1536, 2048, 2560}
