@@ -13,6 +13,7 @@
   dpd bench plot DIR               PNG plots of a bench run
   dpd bench audit                  token histograms and demanded rates of a trace
   dpd bench pd-tail                disaggregated vs direct TTFT tail (the NIXL stall check)
+  dpd bench crosscheck             our client's TTFT/TPOT/ITL against `vllm bench serve`'s
 
 Flags override config fields; their defaults come from the config model (``dpd.config``), so a
 flag never disagrees with the file format about what the default is.
@@ -169,6 +170,17 @@ def _cmd_bench_pd_tail(args: argparse.Namespace) -> int:
     return pd_tail(args)
 
 
+def _cmd_bench_crosscheck(args: argparse.Namespace) -> int:
+    from dpd.bench.crosscheck import CrosscheckSpec, run
+
+    given = {"num_prompts": args.num_prompts, "rate_rps": args.rate, "input_tokens": args.input_tokens,
+             "output_tokens": args.output_tokens, "num_rounds": args.rounds}
+    spec = CrosscheckSpec(**{k: v for k, v in given.items() if v is not None})  # defaults live in the spec
+    results = run(spec, Path(args.out))
+    print((Path(args.out) / "report.md").read_text())
+    return 0 if all(row["agrees"] for row in results["agreement"]) else 1
+
+
 def _cmd_bench_plot(args: argparse.Namespace) -> int:
     from dpd.bench.plots import plot
 
@@ -315,6 +327,15 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--trace", default=str(DEFAULT_TRACE_DIR))
     b.add_argument("--out", default="results/bench", help="directory for results.json and report.md")
     b.set_defaults(func=_cmd_bench_run)
+
+    b = bench.add_parser("crosscheck", help="our client's TTFT/TPOT/ITL against `vllm bench serve`'s on one endpoint")
+    b.add_argument("--num-prompts", type=int, help="requests per run (default 40)")
+    b.add_argument("--rate", type=float, help="Poisson request rate, req/s (default 0.5)")
+    b.add_argument("--input-tokens", type=int, help="prompt length (default 256)")
+    b.add_argument("--output-tokens", type=int, help="output length, forced (default 32)")
+    b.add_argument("--rounds", type=int, help="runs per tool, interleaved; 2 or more to measure noise (default 2)")
+    b.add_argument("--out", default="results/crosscheck", help="directory for results.json and report.md")
+    b.set_defaults(func=_cmd_bench_crosscheck)
 
     b = bench.add_parser("plot", help="PNG plots from a `dpd bench run` results directory")
     b.add_argument("dir", help="directory holding results.json")

