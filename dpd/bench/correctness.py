@@ -3,7 +3,7 @@
 One run, two endpoints, both float32 (greedy comparisons then test the KV transfer, not bf16
 near-ties; see tests/integration/test_a_disaggregated.py):
   1. ``dpd serve`` (threshold 1,024): the Azure trace replayed open-loop as background load
-     while probe requests — distinct text prompts of ~100 and ~1,500 tokens, ``temperature: 0`` —
+     while probe requests — distinct text prompts of ~100 and ~1,500 tokens, greedy, ``ignore_eos`` —
      arrive at a fixed spacing across the same window. Per probe: output text, ``x-dpd-path``,
      ``x-dpd-fallback``, client TTFT. The router's counters are read before and after.
   2. ``dpd serve --colocated``: the same probes, sequentially, no load.
@@ -106,8 +106,9 @@ def make_probes(tokenizer: Tokenizer, spec: CorrectnessSpec) -> list[Probe]:
 # ---- sending ---------------------------------------------------------------------------------
 
 async def send_probe(session: aiohttp.ClientSession, url: str, model: str, probe: Probe, max_tokens: int) -> ProbeResult:
-    body = {"model": model, "prompt": probe.prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
+    # ignore_eos: every probe compares all max_tokens tokens, not only those before an early EOS.
+    body = {"model": model, "prompt": probe.prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}
     result = ProbeResult(probe.probe_id, probe.size)
     pieces: list[str] = []
     started = time.perf_counter()
@@ -357,7 +358,8 @@ def report(results: dict) -> str:
         f"(prompts capped at {spec['max_prompt_tokens']}, {load['num_over_threshold']} at or over the threshold), "
         f"paths {load['paths']}, {load['num_failed']} failed, TTFT p50 {load['ttft_p50_s']:.2f} s / p99 {load['ttft_p99_s']:.2f} s; "
         f"plus {spec['num_short']} short (~{spec['short_tokens']} tokens) and {spec['num_long']} long (~{spec['long_tokens']} tokens) "
-        f"probes, `temperature: 0`, `max_tokens: {spec['max_tokens']}`.",
+        f"probes, `temperature: 0`, `max_tokens: {spec['max_tokens']}` with `ignore_eos` "
+        f"({sum(p['num_output_tokens'] for p in results['dpd_probes'])} output tokens compared).",
         "",
         "| path seen under load | probes | identical to colocated |",
         "|---|---|---|",
