@@ -15,6 +15,8 @@
   dpd bench pd-tail                disaggregated vs direct TTFT tail (the NIXL stall check)
   dpd bench crosscheck             our client's TTFT/TPOT/ITL against `vllm bench serve`'s
 
+  dpd bench correctness            greedy outputs under mixed load vs colocated; stalls all counted
+
 Flags override config fields; their defaults come from the config model (``dpd.config``), so a
 flag never disagrees with the file format about what the default is.
 """
@@ -181,6 +183,18 @@ def _cmd_bench_crosscheck(args: argparse.Namespace) -> int:
     return 0 if all(row["agrees"] for row in results["agreement"]) else 1
 
 
+def _cmd_bench_correctness(args: argparse.Namespace) -> int:
+    from dpd.bench.correctness import CorrectnessSpec, run
+
+    spec = CorrectnessSpec(
+        trace_dir=args.trace, rate_rps=args.rate, duration_s=args.duration, threshold_tokens=args.threshold,
+        num_short=args.short, num_long=args.long, max_prompt_tokens=args.max_prompt_tokens,
+    )
+    results = run(spec, Path(args.out))
+    print((Path(args.out) / "report.md").read_text())
+    return 0 if results["is_ok"] else 1
+
+
 def _cmd_bench_plot(args: argparse.Namespace) -> int:
     from dpd.bench.plots import plot
 
@@ -336,6 +350,17 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--rounds", type=int, help="runs per tool, interleaved; 2 or more to measure noise (default 2)")
     b.add_argument("--out", default="results/crosscheck", help="directory for results.json and report.md")
     b.set_defaults(func=_cmd_bench_crosscheck)
+
+    b = bench.add_parser("correctness", help="under mixed load: greedy outputs equal colocated ones, every stall counted")
+    b.add_argument("--rate", type=float, default=0.15, help="request rate (req/s) of the background trace load")
+    b.add_argument("--duration", type=float, default=150, help="seconds of trace load; the probes spread over it")
+    b.add_argument("--threshold", type=int, default=1024, help="routing threshold of the dpd endpoint")
+    b.add_argument("--short", type=int, default=10, help="number of ~100-token probes")
+    b.add_argument("--long", type=int, default=10, help="number of ~1,500-token probes")
+    b.add_argument("--max-prompt-tokens", type=int, default=2048, help="cap on the load's prompts (fp32 prefill)")
+    b.add_argument("--trace", default=str(DEFAULT_TRACE_DIR))
+    b.add_argument("--out", default="results/correctness", help="directory for results.json and report.md")
+    b.set_defaults(func=_cmd_bench_correctness)
 
     b = bench.add_parser("plot", help="PNG plots from a `dpd bench run` results directory")
     b.add_argument("dir", help="directory holding results.json")
