@@ -347,7 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--rate", type=float, help="Poisson request rate, req/s (default 0.5)")
     b.add_argument("--input-tokens", type=int, help="prompt length (default 256)")
     b.add_argument("--output-tokens", type=int, help="output length, forced (default 32)")
-    b.add_argument("--rounds", type=int, help="runs per tool, interleaved; 2 or more to measure noise (default 2)")
+    b.add_argument("--rounds", type=int, help="runs per tool, interleaved; round k replays one schedule with both tools (default 3)")
     b.add_argument("--out", default="results/crosscheck", help="directory for results.json and report.md")
     b.set_defaults(func=_cmd_bench_crosscheck)
 
