@@ -24,6 +24,7 @@ import contextlib
 import json
 import sys
 import time
+import zlib
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
@@ -120,6 +121,13 @@ def find_capacity(measure: Callable[[float], float], lo: float, hi: float, steps
     return lo
 
 
+def run_seed(label: str) -> int:
+    """The prompt seed of one run, from its label (scenario, rate, purpose, threshold). Runs that
+    share an endpoint must never send the same prompts: the workers' prefix caches would serve
+    the later run's prefills from the earlier run's KV."""
+    return zlib.crc32(label.encode())
+
+
 def _by(records: list[RequestRecord], key: str) -> dict[str, list[RequestRecord]]:
     groups: dict[str, list[RequestRecord]] = {}
     for r in records:
@@ -162,13 +170,14 @@ class Runner:
 
     def warm_up(self) -> None:
         warmup = [TraceRequest(0.0, 100, 4, "warmup"), TraceRequest(0.5, self.spec.threshold_tokens + 100, 4, "warmup")]
-        asyncio.run(replay(self.url, self.spec.model, warmup, threshold_tokens=self.spec.threshold_tokens, seed=999, progress=False))
+        asyncio.run(replay(self.url, self.spec.model, warmup, threshold_tokens=self.spec.threshold_tokens,
+                           seed=run_seed(f"warm-up {self.name} {len(self.results.get('rates', []))}"), progress=False))
 
     def measure(self, rate: float, purpose: str, threshold: int | None = None) -> dict:
         trace, workload = workload_at_rate(self.base, self.spec, rate)
         label = f"{self.name} @ {rate:g} req/s ({purpose}{'' if threshold is None else f', threshold {threshold}'})"
         records, duration_s = asyncio.run(replay(self.url, self.spec.model, trace, threshold_tokens=self.spec.threshold_tokens,
-                                                 seed=int(rate * 1000), label=label))
+                                                 seed=run_seed(label), label=label))
         entry = {
             "rate_rps": rate,
             "purpose": purpose,

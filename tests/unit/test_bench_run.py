@@ -183,3 +183,17 @@ def test_sessions_workload_is_described():
     trace, text = workload_at_rate([], spec, 0.4)
     assert len(trace) == 24 and "shared prefixes" in text
     assert {r.num_prompt_tokens for r in trace} == {1024, 1536, 2048, 2560}
+
+
+def test_runs_on_one_endpoint_never_share_prompts():
+    """Same rate, different scenario or purpose: different prompts (no prefix-cache carry-over)."""
+    from dpd.bench.client import prompt_token_ids
+    from dpd.bench.run import run_seed
+
+    labels = ["dpd @ 0.1225 req/s (compare)", "dpd-always @ 0.1225 req/s (compare)",
+              "vllm-router @ 0.1225 req/s (compare)", "sweep @ 0.2 req/s (sweep, threshold 0)",
+              "sweep @ 0.2 req/s (sweep, threshold 512)"]
+    seeds = [run_seed(label) for label in labels]
+    assert len(set(seeds)) == len(seeds) and seeds == [run_seed(label) for label in labels]
+    firsts = {tuple(prompt_token_ids(32, s * 1_000_003)) for s in seeds}
+    assert len(firsts) == len(labels)
