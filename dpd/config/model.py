@@ -157,7 +157,8 @@ class RouterSpec(_Frozen):
     breaker: BreakerSpec = Field(default_factory=BreakerSpec)
     retry: RetrySpec = Field(default_factory=RetrySpec)
     drainTimeoutS: float = Field(
-        default=120.0, gt=0, description="Longest wait for a draining worker's in-flight requests to finish."
+        default=120.0, gt=0, description="Longest wait for a draining worker's in-flight requests to finish: the router's "
+        "drain locally; on a cluster the workers' `--shutdown-timeout` (vLLM drains on SIGTERM)."
     )
     adminKeySha256: str | None = Field(
         default=None,

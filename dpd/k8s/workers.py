@@ -11,6 +11,7 @@ interfaces are whatever ``resources`` requests.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from dpd.config.model import InferenceEndpointConfig, PoolSpec
@@ -23,6 +24,11 @@ MODELS_DIR = "/models"
 # Where the dpd image keeps the NIXL progress-delay shim (Dockerfile: the repo at /opt/dpd).
 IMAGE_WORKER_SITE = "/opt/dpd/dpd/launch/worker_site"
 KV_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
+# preStop pause: time for the EndpointSlice update (pod terminating) to reach the router, so no
+# new request is routed to a worker that has begun its shutdown.
+DRAIN_NOTICE_S = 5
+# Grace beyond notice + drain for vLLM's teardown, before the kubelet's SIGKILL.
+TEARDOWN_S = 15
 # Resource names that mean the pod talks RDMA (verbs needs locked memory: IPC_LOCK).
 RDMA_MARKERS = ("rdma", "efa", "mellanox", "hca")
 
@@ -99,7 +105,13 @@ def worker_args(config: InferenceEndpointConfig, pool_name: str, pool: PoolSpec)
         args += ["--tensor-parallel-size", str(pool.tensorParallelSize)]
     kv_config = kv_transfer_config(config, KV_ROLES[pool_name])
     args += ["--kv-transfer-config", json.dumps(kv_config, separators=(",", ":"), sort_keys=True)]
+    # On SIGTERM vLLM finishes in-flight requests for up to this long instead of aborting them.
+    args += ["--shutdown-timeout", str(drain_seconds(config))]
     return args + list(pool.args)
+
+
+def drain_seconds(config: InferenceEndpointConfig) -> int:
+    return math.ceil(config.spec.pdSpec.router.drainTimeoutS)
 
 
 def _health_probe(period_s: int, failures: int, timeout_s: int = 5) -> dict[str, Any]:
@@ -149,6 +161,7 @@ def pod_template(
         "readinessProbe": _health_probe(5, 3),
         "livenessProbe": _health_probe(10, 6),
         "volumeMounts": mounts,
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(DRAIN_NOTICE_S)]}}},
     }
     if _uses_rdma(pool):
         container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
@@ -157,7 +170,7 @@ def pod_template(
         affinity = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
     else:
         affinity = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "podAffinityTerm": term}]}}
-    pod: dict[str, Any] = {"affinity": affinity, "containers": [container], "terminationGracePeriodSeconds": 60}
+    pod: dict[str, Any] = {"affinity": affinity, "containers": [container], "terminationGracePeriodSeconds": DRAIN_NOTICE_S + drain_seconds(config) + TEARDOWN_S}
     if init:
         pod["initContainers"] = init
     if pool.nodeSelector:

@@ -117,6 +117,20 @@ def test_workers_run_vllm_with_the_nixl_connector_and_their_role(pool, role):
     assert {"readinessProbe", "livenessProbe", "startupProbe"} <= set(c)
 
 
+@pytest.mark.parametrize("pool", ["prefill", "decode"])
+def test_workers_drain_on_termination(pool):
+    """A scaled-down or evicted worker finishes its in-flight requests: the preStop pause lets the
+    router drop the terminating pod first, vLLM then drains on SIGTERM for the drain timeout, and
+    the kubelet's grace period covers both."""
+    document = yaml.safe_load(Path("examples/minimal.yaml").read_text())
+    document["spec"]["pdSpec"].setdefault("router", {})["drainTimeoutS"] = 44.5
+    template = by_kind(render(document), "Deployment", f"-{pool}")["spec"]["template"]["spec"]
+    c = template["containers"][0]
+    assert c["args"][c["args"].index("--shutdown-timeout") + 1] == "45"
+    pause = int(c["lifecycle"]["preStop"]["exec"]["command"][1])
+    assert pause > 0 and template["terminationGracePeriodSeconds"] > pause + 45
+
+
 def test_minimal_example_also_runs_locally():
     """The same file `dpd render` takes is one `dpd serve` runs: its local plan is sound."""
     config = load_config("examples/minimal.yaml")
