@@ -255,3 +255,12 @@ def test_cli_render_to_directory_and_crd(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("spec: {pdSpec: {routingThreshold: -1}}\n")
     assert main(["render", str(bad)]) == 2
+
+
+def test_the_image_holds_the_shim_where_worker_pods_look_for_it():
+    """Worker pods put IMAGE_WORKER_SITE on PYTHONPATH; the Dockerfile puts the repo there."""
+    from dpd.k8s.workers import IMAGE_WORKER_SITE
+
+    workdir = next(line.split()[1] for line in Path("Dockerfile").read_text().splitlines() if line.startswith("WORKDIR"))
+    assert IMAGE_WORKER_SITE.startswith(workdir + "/")
+    assert (Path(IMAGE_WORKER_SITE[len(workdir) + 1:]) / "sitecustomize.py").is_file()
