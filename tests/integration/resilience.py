@@ -142,12 +142,18 @@ def _serve_rss(endpoint) -> int:
 
 
 def _one(endpoint, body: dict) -> tuple[int, float, str | None]:
+    return _one_traced(endpoint, body)[:3]
+
+
+def _one_traced(endpoint, body: dict) -> tuple[int, float, str | None, str]:
+    """(status, e2e, Retry-After, the router's path [+ fallback reason]) of one request."""
     started = time.monotonic()
     resp = requests.post(endpoint.url + "/v1/completions", json=body, timeout=300)
-    return resp.status_code, time.monotonic() - started, resp.headers.get("retry-after")
+    path = resp.headers.get("x-dpd-path", "?") + (f"/{resp.headers['x-dpd-fallback']}" if "x-dpd-fallback" in resp.headers else "")
+    return resp.status_code, time.monotonic() - started, resp.headers.get("retry-after"), path
 
 
-def _open_loop(endpoint, rate_rps: float, duration_s: float, make_body, seed: int) -> list[tuple[int, float, str | None]]:
+def _open_loop(endpoint, rate_rps: float, duration_s: float, make_body, seed: int, one=_one) -> list[tuple]:
     """Poisson arrivals at ``rate_rps`` for ``duration_s``, each request on its own thread."""
     rng = random.Random(seed)
     futures = []
@@ -157,7 +163,7 @@ def _open_loop(endpoint, rate_rps: float, duration_s: float, make_body, seed: in
         i = 0
         while at < duration_s:
             time.sleep(max(0.0, started + at - time.monotonic()))
-            futures.append(pool.submit(_one, endpoint, make_body(i)))
+            futures.append(pool.submit(one, endpoint, make_body(i)))
             at += rng.expovariate(rate_rps)
             i += 1
         return [f.result() for f in futures]
@@ -230,15 +236,18 @@ def test_soak_at_70_percent_of_capacity(endpoint, soak_mix, capsys):
     rate = 0.7 * capacity
     _open_loop(endpoint, rate, min(10.0, duration_s), soak_mix, seed=2)  # warm-up: let allocator pools settle
     rss_before = _serve_rss(endpoint)
-    results = _open_loop(endpoint, rate, duration_s, soak_mix, seed=3)
+    results = _open_loop(endpoint, rate, duration_s, soak_mix, seed=3, one=_one_traced)
     rss_after = _serve_rss(endpoint)
-    errors = [s for s, _, _ in results if s != 200]
-    e2e = sorted(e for s, e, _ in results if s == 200)
+    errors = [s for s, _, _, _ in results if s != 200]
+    e2e = sorted(e for s, e, _, _ in results if s == 200)
+    # The tail's make-up (request number: 1 in 40 is a long prompt; path the router took).
+    slowest = sorted(((e, i, path) for i, (_, e, _, path) in enumerate(results)), reverse=True)[:5]
+    tail = ", ".join(f"#{i} {'long' if i % 40 == 39 else 'short'} {path} {e:.1f}s" for e, i, path in slowest)
     with capsys.disabled():
         print(f"\n[soak] {duration_s:.0f}s at {rate:.2f} req/s (70% of {capacity:.2f}, the mix's capacity): {len(results)} "
               f"requests, {len(errors)} non-200 {sorted(set(errors))}; e2e p50 {e2e[len(e2e) // 2]:.2f}s "
               f"p99 {e2e[int(len(e2e) * 0.99)]:.2f}s; router RSS {rss_before / 2**20:.1f} -> {rss_after / 2**20:.1f} MiB "
-              f"({100 * (rss_after / rss_before - 1):+.1f}%)")
+              f"({100 * (rss_after / rss_before - 1):+.1f}%); slowest: {tail}")
     assert not errors
     assert rss_after < rss_before * 1.10
 
