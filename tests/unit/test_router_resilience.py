@@ -118,15 +118,22 @@ async def test_tenant_rate_limits(make_router):
     assert metric(text, 'dpd_tenant_requests_total{outcome="ok",tenant="a"}') == 2
 
 
+async def until(condition, timeout_s: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
 async def test_drain_waits_for_in_flight_and_routes_new_requests_elsewhere(make_router):
     slow, other = ScriptedWorker(token_delay_s=0.3), ScriptedWorker()
     client = await make_router(None, [slow, other], picker="least-outstanding")
     client.router.decode.workers[1].num_in_flight = 5  # steer the first request to decode-0
     in_flight = asyncio.create_task(client.post("/v1/completions", json=BODY))
-    await asyncio.sleep(0.1)
+    await until(lambda: len(slow.bodies) == 1)  # events, not sleeps: the suite may share a busy CPU
     client.router.decode.workers[1].num_in_flight = 0
     drain = asyncio.create_task(client.post("/admin/workers/decode-0/drain", json={"timeout_s": 10}))
-    await asyncio.sleep(0.05)
+    await until(lambda: client.router.decode.workers[0].is_draining)
     assert (await client.post("/v1/completions", json=BODY)).status_code == 200
     assert len(slow.bodies) == 1 and len(other.bodies) == 1  # the new request avoided the draining worker
     assert not drain.done()  # still waiting for the in-flight request
