@@ -119,7 +119,7 @@ class TenantSpec(_Frozen):
     burstPromptTokens: int | None = Field(default=None, ge=1, description="Bucket size on prompt tokens; default 10 s of rate.")
     dedicatedWorkers: tuple[str, ...] = Field(
         default=(), description="Workers (e.g. decode-1, prefill-1) only this tenant may use; its requests use "
-        "only these in every pool where it has some."
+        "only these in every pool where it has some. On a cluster, their number per pool is a Deployment of the tenant's own."
     )
 
     @field_validator("apiKeySha256")

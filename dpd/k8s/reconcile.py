@@ -3,7 +3,8 @@
 ``reconcile(api, body)`` is the operator's whole job, independent of kopf: validate the body
 as ``dpd validate`` would, render the desired objects (``dpd.k8s.render``), then for each one
 create it, or patch only what changed since dpd last applied it, and delete what is no longer
-desired (an autoscaler or a Secret removed from the spec). It returns the status to write.
+desired (an autoscaler or a Secret removed from the spec, a tenant's dedicated pool no longer
+in it). It returns the status to write.
 
 Changes are computed against the object dpd last applied (kept in the ``dpd.dev/last-applied``
 annotation, as ``kubectl apply`` does), not against the live object: the API server's
@@ -22,14 +23,18 @@ import json
 from typing import Any, Protocol
 
 from dpd.config.load import parse_config
-from dpd.k8s.api import object_path
-from dpd.k8s.render import RenderOptions, config_document, names, render
+from urllib.parse import quote
+
+from dpd.k8s.api import collection_path, object_path
+from dpd.k8s.render import TENANT_LABEL, RenderOptions, config_document, names, render, worker_groups
 from dpd.k8s.webhook import admission_problems
 
 LAST_APPLIED = "dpd.dev/last-applied"
 # Kinds render may stop producing for a spec (and so must be deleted), by name key.
 OPTIONAL = (("v1", "Secret", "secrets"), ("autoscaling/v2", "HorizontalPodAutoscaler", "prefill"),
             ("autoscaling/v2", "HorizontalPodAutoscaler", "decode"))
+# Kinds a tenant's dedicated pool is made of; found by label when the tenant's pool goes.
+TENANT_KINDS = (("apps/v1", "Deployment"), ("v1", "Service"), ("policy/v1", "PodDisruptionBudget"))
 
 
 class Api(Protocol):
@@ -147,9 +152,18 @@ async def reconcile(api: Api, body: dict[str, Any], options: RenderOptions | Non
         if path not in wanted_paths and await api.get(path) is not None:
             await api.delete(path)
             actions.append(f"delete {path}")
+    selector = quote(f"app.kubernetes.io/instance={body['metadata']['name']},{TENANT_LABEL}")
+    for api_version, kind in TENANT_KINDS:
+        listing = await api.get(f"{collection_path(api_version, kind, namespace)}?labelSelector={selector}") or {}
+        for item in listing.get("items") or []:
+            path = object_path({"apiVersion": api_version, "kind": kind, "metadata": item["metadata"]}, namespace)
+            if path not in wanted_paths:
+                await api.delete(path)
+                actions.append(f"delete {path}")
+    groups = {g.key: g.name for g in worker_groups(parse_config(document, source))}
     deployments = {}
-    for component in ("prefill", "decode", "router"):
-        ref = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": config[component], "namespace": namespace}}
+    for component, name in [*groups.items(), ("router", config["router"])]:
+        ref = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": namespace}}
         deployments[component] = await api.get(object_path(ref, namespace))
     return status_of(body, deployments, []), actions
 

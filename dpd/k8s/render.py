@@ -25,7 +25,7 @@ import yaml
 
 from dpd.config.load import parse_config
 from dpd.config.model import InferenceEndpointConfig
-from dpd.k8s.autoscaling import hpa, parse_autoscaling
+from dpd.k8s.autoscaling import RenderError, hpa, parse_autoscaling
 from dpd.k8s.workers import SIDE_CHANNEL_PORT, WORKER_HTTP_PORT, model_volume, pod_template
 
 DPD_IMAGE = "dpd:0.1.0"
@@ -41,6 +41,64 @@ SECRET_ROUTER_KEYS = ("adminKeySha256",)
 class RenderOptions:
     dpd_image: str = DPD_IMAGE  # router, model preparation, CPU workers
     worker_image: str | None = None  # default: spec.worker.image, else by buffer device
+
+
+TENANT_LABEL = "dpd.dev/tenant"
+DNS_LABEL_MAX = 63
+
+
+@dataclass(frozen=True)
+class WorkerGroup:
+    """One Deployment of workers: a pool's shared workers, or those dedicated to one tenant.
+
+    ``tenants[].dedicatedWorkers`` names local workers (``decode-1``); on a cluster a tenant's
+    dedicated workers of a pool are a Deployment of their own with their count as replicas, and
+    the pool's shared Deployment has the rest. Each group has its own headless Service, so the
+    router's discovery knows which pods are whose."""
+
+    pool: str  # prefill | decode
+    tenant: str | None  # None: the pool's shared workers
+    name: str
+    replicas: int
+
+    @property
+    def key(self) -> str:
+        """Discovery's and the status's name for the group: ``decode`` or ``decode/<tenant>``."""
+        return self.pool if self.tenant is None else f"{self.pool}/{self.tenant}"
+
+    @property
+    def component(self) -> str:
+        return self.pool if self.tenant is None else f"{self.pool}-dedicated"
+
+
+def worker_groups(config: InferenceEndpointConfig) -> list[WorkerGroup]:
+    """Every pool's shared group, then its tenants' groups (sorted by tenant); raises
+    ``RenderError`` when a group's name cannot be a Service name."""
+    pd = config.spec.pdSpec
+    groups: list[WorkerGroup] = []
+    problems = []
+    for pool, spec in (("prefill", pd.prefillSpec), ("decode", pd.decodingSpec)):
+        dedicated = {t.name: sum(1 for w in t.dedicatedWorkers if w.startswith(f"{pool}-")) for t in config.spec.tenants}
+        dedicated = {t: count for t, count in sorted(dedicated.items()) if count}
+        groups.append(WorkerGroup(pool, None, f"{config.metadata.name}-{pool}", spec.replicas - sum(dedicated.values())))
+        for tenant, count in dedicated.items():
+            name = f"{config.metadata.name}-{pool}-{tenant}"
+            if len(name) > DNS_LABEL_MAX:
+                problems.append(f"tenants[{tenant}].dedicatedWorkers: the {pool} Service {name!r} would be longer than "
+                                f"{DNS_LABEL_MAX} characters; shorten metadata.name or the tenant's name")
+            groups.append(WorkerGroup(pool, tenant, name, count))
+    if problems:
+        raise RenderError(problems)
+    return groups
+
+
+def group_selector(config: InferenceEndpointConfig, group: WorkerGroup) -> dict[str, str]:
+    tenant = {} if group.tenant is None else {TENANT_LABEL: group.tenant}
+    return {**selector(config, group.component), **tenant}
+
+
+def group_labels(config: InferenceEndpointConfig, group: WorkerGroup) -> dict[str, str]:
+    return {**labels(config, group.component), **group_selector(config, group)}
 
 
 def names(config: InferenceEndpointConfig) -> dict[str, str]:
@@ -116,13 +174,17 @@ def _meta(config: InferenceEndpointConfig, name: str, component: str, **extra: A
     return {"name": name, **ns, "labels": labels(config, component), **extra}
 
 
-def _deployment(config: InferenceEndpointConfig, name: str, component: str, template: dict, replicas: int | None) -> dict:
-    spec: dict[str, Any] = {"selector": {"matchLabels": selector(config, component)}, "template": template}
+def _deployment(config: InferenceEndpointConfig, name: str, component: str, template: dict, replicas: int | None,
+                match: dict[str, str] | None = None) -> dict:
+    match = match or selector(config, component)
+    spec: dict[str, Any] = {"selector": {"matchLabels": match}, "template": template}
     if replicas is not None:
         spec = {"replicas": replicas, **spec}
     # Workers are replaced one at a time, and a new one must be ready before an old one goes.
     spec["strategy"] = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
-    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(config, name, component), "spec": spec}
+    meta = _meta(config, name, component)
+    meta["labels"] = {**meta["labels"], **match}
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta, "spec": spec}
 
 
 def _router_template(config: InferenceEndpointConfig, n: dict[str, str], images: dict[str, str], public: dict, secrets: dict) -> dict:
@@ -170,15 +232,15 @@ def _rbac(config: InferenceEndpointConfig, n: dict[str, str]) -> list[dict]:
     ]
 
 
-def _services(config: InferenceEndpointConfig, n: dict[str, str]) -> list[dict]:
+def _services(config: InferenceEndpointConfig, n: dict[str, str], groups: list[WorkerGroup]) -> list[dict]:
     out = []
-    for pool in POOLS:
-        meta = _meta(config, n[pool], pool)
-        meta["labels"] = {**meta["labels"], METRICS_LABEL: "true"}
+    for group in groups:
+        meta = _meta(config, group.name, group.component)
+        meta["labels"] = {**meta["labels"], **group_selector(config, group), METRICS_LABEL: "true"}
         out.append({
             "apiVersion": "v1", "kind": "Service", "metadata": meta,
             # Headless: the router picks pods itself from the EndpointSlices; no kube-proxy hop.
-            "spec": {"clusterIP": "None", "selector": selector(config, pool), "ports": [
+            "spec": {"clusterIP": "None", "selector": group_selector(config, group), "ports": [
                 {"name": "http", "port": WORKER_HTTP_PORT, "targetPort": "http", "protocol": "TCP"},
                 {"name": "nixl", "port": SIDE_CHANNEL_PORT, "targetPort": "nixl", "protocol": "TCP"},
             ]},
@@ -195,10 +257,11 @@ def _services(config: InferenceEndpointConfig, n: dict[str, str]) -> list[dict]:
 
 def _network_policies(config: InferenceEndpointConfig, n: dict[str, str]) -> list[dict]:
     instance = {"app.kubernetes.io/instance": config.metadata.name}
+    components = [*POOLS, *(f"{pool}-dedicated" for pool in POOLS)]
     workers = {"matchLabels": instance, "matchExpressions": [
-        {"key": "app.kubernetes.io/component", "operator": "In", "values": list(POOLS)}]}
+        {"key": "app.kubernetes.io/component", "operator": "In", "values": components}]}
     peers = {"matchLabels": instance, "matchExpressions": [
-        {"key": "app.kubernetes.io/component", "operator": "In", "values": ["router", *POOLS]}]}
+        {"key": "app.kubernetes.io/component", "operator": "In", "values": ["router", *components]}]}
     prometheus = {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}
     router_port = config.spec.pdSpec.router.port
     return [
@@ -230,14 +293,20 @@ def render_config(config: InferenceEndpointConfig, document: dict[str, Any], opt
     if secrets:
         objects.append({"apiVersion": "v1", "kind": "Secret", "metadata": _meta(config, n["secrets"], "router"),
                         "type": "Opaque", "stringData": {"secrets.yaml": yaml.safe_dump(secrets, sort_keys=True)}})
-    objects += _services(config, n)
-    for pool, spec in (("prefill", pd.prefillSpec), ("decode", pd.decodingSpec)):
-        template = pod_template(config, pool, labels(config, pool), selector(config, pool), images)
-        objects.append(_deployment(config, n[pool], pool, template, None if pool in scaling else spec.replicas))
+    groups = worker_groups(config)
+    objects += _services(config, n, groups)
+    for group in groups:
+        template = pod_template(config, group.pool, group_labels(config, group), group_selector(config, group), images)
+        # Only a pool's shared group autoscales; a tenant's dedicated workers are a fixed number.
+        replicas = None if group.tenant is None and group.pool in scaling else group.replicas
+        objects.append(_deployment(config, group.name, group.component, template, replicas, group_selector(config, group)))
     objects.append(_deployment(config, n["router"], "router", _router_template(config, n, images, public, secrets), 1))
-    for component in (*POOLS, "router"):
-        objects.append({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": _meta(config, n[component], component),
-                        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector(config, component)}}})
+    budgets = [(g.name, g.component, group_selector(config, g)) for g in groups]
+    for name, component, match in [*budgets, (n["router"], "router", selector(config, "router"))]:
+        meta = _meta(config, name, component)
+        meta["labels"] = {**meta["labels"], **match}
+        objects.append({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": meta,
+                        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": match}}})
     ns = {"namespace": config.metadata.namespace} if config.metadata.namespace else {}
     for pool in POOLS:
         if pool in scaling:

@@ -1,7 +1,9 @@
 """``dpd k8s-router CONFIG``: the router in a pod, its pools kept by discovery.
 
 The same ``Router`` ``dpd serve`` runs, started with empty pools. ``EndpointSliceWatcher``
-fills them: ``sync_pool`` replaces a pool's worker list with the ready pods, keeping the
+fills them, one worker group at a time (a pool's shared workers, or those dedicated to a
+tenant: ``render.worker_groups``, each behind its own Service): ``sync_pool`` replaces a
+group's workers with its ready pods, marking them the tenant's if dedicated, and keeping the
 ``Worker`` object (in-flight count, health) of every pod still there. A new pod is marked
 healthy at once — its readiness probe is vLLM's ``/health`` — and the router's own prober
 and passive marking take over from there.
@@ -27,6 +29,7 @@ from dpd.config.load import parse_config
 from dpd.config.model import InferenceEndpointConfig
 from dpd.k8s.api import KubeApi
 from dpd.k8s.discovery import Endpoint, EndpointSliceWatcher
+from dpd.k8s.render import worker_groups
 from dpd.k8s.workers import model_argument
 from dpd.router import Router, RouterSettings, make_server
 from dpd.router.pools import Pool
@@ -34,9 +37,20 @@ from dpd.router.pools import Pool
 log = logging.getLogger(__name__)
 
 
-def sync_pool(pool: Pool, endpoints: tuple[Endpoint, ...]) -> None:
-    """Make ``pool``'s workers the ready ``endpoints``; a worker still present keeps its state."""
-    pool.replace_workers([(e.name, e.url) for e in endpoints])
+def sync_pool(pool: Pool, endpoints: tuple[Endpoint, ...], tenant: str | None = None) -> None:
+    """Make ``pool``'s workers of one group (shared, or dedicated to ``tenant``) the ready
+    ``endpoints``; a worker still present keeps its state."""
+    pool.replace_workers([(e.name, e.url) for e in endpoints], owner=tenant)
+
+
+def on_group_change(pools: dict[str, Pool]):
+    """Discovery's callback: a group key (``decode``, ``decode/<tenant>``) → that group's pods."""
+
+    def apply(key: str, endpoints: tuple[Endpoint, ...]) -> None:
+        pool, _, tenant = key.partition("/")
+        sync_pool(pools[pool], endpoints, tenant or None)
+
+    return apply
 
 
 def load_document(config_path: str, secrets_path: str | None) -> dict[str, Any]:
@@ -96,12 +110,9 @@ async def _serve(config: InferenceEndpointConfig, config_path: str, secrets_path
     router = Router(cluster_settings(config))
     server = make_server(router, "0.0.0.0", config.spec.pdSpec.router.port, is_embedded=False)
     pools = {"prefill": router.prefill, "decode": router.decode}
-    name = config.metadata.name
+    services = {group.key: group.name for group in worker_groups(config)}
     async with aiohttp.ClientSession() as session:
-        watcher = EndpointSliceWatcher(
-            KubeApi.in_cluster(session), namespace, {"prefill": f"{name}-prefill", "decode": f"{name}-decode"},
-            lambda pool, endpoints: sync_pool(pools[pool], endpoints),
-        )
+        watcher = EndpointSliceWatcher(KubeApi.in_cluster(session), namespace, services, on_group_change(pools))
         tasks = [asyncio.create_task(watcher.run()), asyncio.create_task(ThresholdReloader(router, config_path, secrets_path).run())]
         try:
             await server.serve()

@@ -3,8 +3,8 @@
 ``admission_problems`` takes the object the API server sends (an ``InferenceEndpointConfig``
 resource) and returns the messages ``dpd validate`` would print for the same file — one per
 problem, each with its field path — followed by what only rendering can find
-(``autoScalingSpec``). An empty list admits the object. Pure; ``dpd.k8s.operator`` wires it
-to kopf's ``@kopf.on.validate``.
+(``autoScalingSpec``, the Service names of tenants' dedicated pools). An empty list admits the
+object. Pure; ``dpd.k8s.operator`` wires it to kopf's ``@kopf.on.validate``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 from dpd.config.load import ConfigError, parse_config
 from dpd.k8s.autoscaling import RenderError, parse_autoscaling
-from dpd.k8s.render import config_document
+from dpd.k8s.render import config_document, worker_groups
 
 
 def admission_problems(body: dict[str, Any]) -> list[str]:
@@ -24,6 +24,7 @@ def admission_problems(body: dict[str, Any]) -> list[str]:
     pd = config.spec.pdSpec
     try:
         parse_autoscaling(pd.autoScalingSpec, {"prefill": pd.prefillSpec, "decode": pd.decodingSpec})
+        worker_groups(config)
     except RenderError as exc:
         return list(exc.problems)
     return []

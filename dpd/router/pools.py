@@ -100,16 +100,19 @@ class Pool:
         self.breaker = breaker
         self._new_worker = new_worker or (lambda worker_name, url: Worker(worker_name, url, name))
 
-    def replace_workers(self, members: Sequence[tuple[str, str]]) -> None:
-        """Make the pool's workers ``members`` (name, URL) — discovery's view of the ready pods. A
-        worker still present keeps its object (in-flight count, breaker); a new one starts closed,
-        since it was found ready (its readiness probe is the worker's ``/health``)."""
-        current = {w.url: w for w in self.workers}
-        workers = []
+    def replace_workers(self, members: Sequence[tuple[str, str]], owner: str | None = None) -> None:
+        """Make the pool's workers of ``owner`` (a tenant's dedicated ones, or with ``None`` the
+        shared ones) ``members`` (name, URL) — discovery's view of that group's ready pods; the
+        other groups' workers stay. A worker still present keeps its object (in-flight count,
+        breaker); a new one starts closed, since it was found ready (its readiness probe is the
+        worker's ``/health``)."""
+        current = {w.url: w for w in self.workers if w.owner == owner}
+        workers = [w for w in self.workers if w.owner != owner]
         for worker_name, url in members:
             worker = current.get(url.rstrip("/"))
             if worker is None:
                 worker = self._new_worker(worker_name, url.rstrip("/"))
+                worker.owner = owner
                 worker.record_probe(True)
             workers.append(worker)
         self.workers = workers

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+from urllib.parse import unquote
 
 from dpd.k8s.api import KubeApiError
 
@@ -54,6 +55,12 @@ class FakeApiServer:
         self._versions = itertools.count(100)
 
     async def get(self, path):
+        if "?labelSelector=" in path:  # a list: `key=value` and `key` (exists) terms
+            collection, _, query = path.partition("?labelSelector=")
+            terms = [t.partition("=") for t in unquote(query).split(",")]
+            items = [copy.deepcopy(o) for p, o in sorted(self.objects.items()) if p.rsplit("/", 1)[0] == collection and all(
+                k in (o["metadata"].get("labels") or {}) and (not eq or o["metadata"]["labels"][k] == v) for k, eq, v in terms)]
+            return {"kind": "List", "items": items, "metadata": {"resourceVersion": str(next(self._versions))}}
         obj = self.objects.get(path)
         return copy.deepcopy(obj) if obj is not None else None
 

@@ -11,7 +11,7 @@ from aiohttp.test_utils import TestServer
 
 from dpd.k8s.api import KubeApi
 from dpd.k8s.discovery import Endpoint, EndpointSliceWatcher, ready_endpoints
-from dpd.k8s.router_main import ThresholdReloader, load_document, sync_pool
+from dpd.k8s.router_main import ThresholdReloader, load_document, on_group_change, sync_pool
 from dpd.router.decide import ThresholdDecider
 from dpd.router.metrics import RouterMetrics
 from dpd.router.pools import make_pool
@@ -139,6 +139,21 @@ def test_sync_pool_keeps_the_state_of_workers_still_there():
     assert pool.workers[1].is_healthy  # its readiness probe (vLLM /health) already passed
     sync_pool(pool, ())
     assert pool.workers == [] and pool.available() == []
+
+
+def test_a_tenants_dedicated_pods_serve_that_tenant_only():
+    """Discovery reports each group (``decode``, ``decode/<tenant>``) on its own; a group's update
+    leaves the other groups' workers alone, and a dedicated pod is its tenant's."""
+    pool = make_pool("decode", [], [])
+    apply = on_group_change({"decode": pool})
+    apply("decode", (Endpoint("ep-decode-x1", "http://10.0.1.1:8000"),))
+    apply("decode/a", (Endpoint("ep-decode-a-y1", "http://10.0.2.1:8000"),))
+    assert [w.name for w in pool.available("a")] == ["ep-decode-a-y1"]
+    assert [w.name for w in pool.available("b")] == [w.name for w in pool.available(None)] == ["ep-decode-x1"]
+    apply("decode", (Endpoint("ep-decode-x2", "http://10.0.1.2:8000"),))
+    assert sorted(w.name for w in pool.workers) == ["ep-decode-a-y1", "ep-decode-x2"]
+    apply("decode/a", ())
+    assert [w.name for w in pool.available("a")] == ["ep-decode-x2"]  # like locally: shared when none of its own
 
 
 def test_threshold_reloads_from_the_mounted_config(tmp_path):

@@ -146,6 +146,27 @@ async def test_hpa_owns_replicas_and_removing_autoscaling_deletes_the_hpa():
     assert api.objects[decode]["spec"]["replicas"] == 4
 
 
+async def test_a_tenants_dedicated_pool_comes_and_goes_with_the_spec():
+    body = resource("examples/two-pools.yaml")
+    base = body["metadata"]["name"]
+    api = await created(body)
+    # step 1: tenant a gets decode-1: its own Deployment, Service and PDB; the shared pool shrinks
+    tenant = {"name": "a", "apiKeySha256": ["ab" * 32], "dedicatedWorkers": ["decode-1"]}
+    replicas = body["spec"]["pdSpec"]["decodingSpec"]["replicas"]
+    body = resource("examples/two-pools.yaml", tenants=[tenant])
+    status, actions = await reconcile(api, body)
+    dedicated = [a for a in actions if a.endswith(f"/{base}-decode-a")]
+    assert sorted(a.split("/")[-2] for a in dedicated) == ["deployments", "poddisruptionbudgets", "services"]
+    assert all(a.startswith("create ") for a in dedicated)
+    assert api.objects[f"{DEPLOYMENTS}/{base}-decode"]["spec"]["replicas"] == replicas - 1
+    assert status["pools"]["decode/a"]["summary"] == "0/1"
+    # step 2: the tenant leaves the spec: its objects are deleted, the shared pool is whole again
+    status, actions = await reconcile(api, resource("examples/two-pools.yaml"))
+    assert sorted(a for a in actions if a.endswith("-decode-a")) == sorted(a.replace("create ", "delete ") for a in dedicated)
+    assert api.objects[f"{DEPLOYMENTS}/{base}-decode"]["spec"]["replicas"] == replicas
+    assert "decode/a" not in status["pools"]
+
+
 async def test_deleted_object_is_recreated():
     api = await created(resource())
     await api.delete(f"{DEPLOYMENTS}/smollm2-minimal-router")

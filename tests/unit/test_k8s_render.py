@@ -16,6 +16,7 @@ from dpd.cli import main
 from dpd.config import load_config
 from dpd.k8s.autoscaling import RenderError, adapter_rules, parse_autoscaling, quantity
 from dpd.k8s.render import config_hash, render, render_config, split_secrets, to_yaml
+from dpd.k8s.webhook import admission_problems
 from dpd.launch.plan import kv_transfer_config, plan_workers
 from tests.unit.k8s_schema import errors
 
@@ -185,7 +186,7 @@ def test_workers_are_reachable_only_from_the_router_and_each_other():
     policy = by_kind(rendered("examples/minimal.yaml"), "NetworkPolicy", "-workers")["spec"]
     assert policy["policyTypes"] == ["Ingress"]
     peers, metrics = policy["ingress"]
-    assert peers["from"][0]["podSelector"]["matchExpressions"][0]["values"] == ["router", "prefill", "decode"]
+    assert peers["from"][0]["podSelector"]["matchExpressions"][0]["values"] == ["router", "prefill", "decode", "prefill-dedicated", "decode-dedicated"]
     assert peers["from"][0]["podSelector"]["matchLabels"] == {"app.kubernetes.io/instance": "smollm2-minimal"}
     assert metrics["ports"] == [{"port": "http", "protocol": "TCP"}]  # Prometheus: HTTP only, no NIXL
 
@@ -264,3 +265,63 @@ def test_the_image_holds_the_shim_where_worker_pods_look_for_it():
     workdir = next(line.split()[1] for line in Path("Dockerfile").read_text().splitlines() if line.startswith("WORKDIR"))
     assert IMAGE_WORKER_SITE.startswith(workdir + "/")
     assert (Path(IMAGE_WORKER_SITE[len(workdir) + 1:]) / "sitecustomize.py").is_file()
+
+
+def with_tenants(example="examples/two-pools.yaml", name=None):
+    """``example`` with tenant a owning prefill-1 and decode-1, and tenant b owning nothing."""
+    document = yaml.safe_load(Path(example).read_text())
+    if name:
+        document["metadata"]["name"] = name
+    pd = document["spec"]["pdSpec"]
+    pd["prefillSpec"]["replicas"], pd["decodingSpec"]["replicas"] = 2, 3
+    document["spec"]["tenants"] = [
+        {"name": "a", "apiKeySha256": ["ab" * 32], "dedicatedWorkers": ["prefill-1", "decode-1"]},
+        {"name": "b", "apiKeySha256": ["cd" * 32]},
+    ]
+    return document
+
+
+def matches(selector, pod_labels):
+    return all(pod_labels.get(k) == v for k, v in selector.items())
+
+
+def test_a_tenants_dedicated_workers_are_a_deployment_and_service_of_their_own():
+    """The cluster form of `dedicatedWorkers`: per pool, the tenant's count in its own Deployment
+    behind its own Service (how the router's discovery tells whose pods are whose); the shared
+    Deployment keeps the rest; no selector of one group matches another group's pods."""
+    objects = render(with_tenants())
+    for obj in objects:
+        if obj["kind"] != "ServiceMonitor":
+            kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+    base = with_tenants()["metadata"]["name"]
+    deployments = {o["metadata"]["name"]: o for o in objects if o["kind"] == "Deployment"}
+    assert {n: d["spec"].get("replicas") for n, d in deployments.items() if "router" not in n} == {
+        f"{base}-prefill": 1, f"{base}-prefill-a": 1, f"{base}-decode": 2, f"{base}-decode-a": 1}
+    pods = {n: d["spec"]["template"]["metadata"]["labels"] for n, d in deployments.items()}
+    services = {o["metadata"]["name"]: o["spec"]["selector"] for o in objects if o["kind"] == "Service" and "selector" in o["spec"]}
+    budgets = {o["metadata"]["name"]: o["spec"]["selector"]["matchLabels"] for o in objects if o["kind"] == "PodDisruptionBudget"}
+    for group in (f"{base}-prefill", f"{base}-prefill-a", f"{base}-decode", f"{base}-decode-a"):
+        for selectors in (services, budgets, {n: d["spec"]["selector"]["matchLabels"] for n, d in deployments.items()}):
+            assert [n for n, labels in pods.items() if matches(selectors[group], labels)] == [group]
+    assert pods[f"{base}-decode-a"]["dpd.dev/tenant"] == "a"
+    # The workers' NetworkPolicy covers the dedicated pods too.
+    policy = by_kind(objects, "NetworkPolicy", "-workers")["spec"]["podSelector"]["matchExpressions"][0]["values"]
+    assert all(pods[g]["app.kubernetes.io/component"] in policy for g in pods if "router" not in g)
+
+
+def test_only_the_shared_group_autoscales():
+    document = with_tenants("examples/gpu-rdma.yaml")
+    objects = render(document)
+    targets = sorted(o["spec"]["scaleTargetRef"]["name"] for o in objects if o["kind"] == "HorizontalPodAutoscaler")
+    assert targets == ["llama-8b-decode", "llama-8b-prefill"]
+    assert by_kind(objects, "Deployment", "-decode-a")["spec"]["replicas"] == 1
+
+
+def test_a_dedicated_pool_whose_service_name_is_too_long_is_refused_by_name():
+    document = with_tenants(name="x" * 55)
+    problem = ("tenants[a].dedicatedWorkers: the prefill Service '" + "x" * 55 + "-prefill-a' would be longer than 63 "
+               "characters; shorten metadata.name or the tenant's name")
+    with pytest.raises(RenderError) as raised:
+        render(document)
+    assert problem in raised.value.problems
+    assert problem in admission_problems(document)
