@@ -6,8 +6,9 @@ relay the decoder's stream or fold it into one response. Every response carries 
 (``disaggregated`` / ``direct`` / ``fallback``) and ``x-request-id``.
 
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
-``GET /health`` (200 while a decoder is available), ``GET /metrics``, and the admin API
-(``admin.py``): threshold, worker states, drain and resume.
+``POST /tokenize`` and ``/detokenize`` (vLLM's, answered with the router's own tokenizer — the
+one its routing counts with), ``GET /health`` (200 while a decoder is available),
+``GET /metrics``, and the admin API (``admin.py``): threshold, worker states, drain and resume.
 
 Order of checks: API key (401) → body (400) → model (404) → length (400) → the tenant's token
 buckets (429) → the P/D flow, whose hops each take a slot of their pool's admission gate
@@ -20,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +43,15 @@ from dpd.router.flow import WORKER_ERRORS, PdFlow, RequestContext, UpstreamStrea
 from dpd.router.metrics import RouterMetrics
 from dpd.router.pick import make_picker
 from dpd.router.pools import HealthProber, Pool, Worker, make_pool
-from dpd.router.protocol import ChatCompletionRequest, CompletionRequest, parse_body, requested_max_tokens
+from dpd.router.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    TokenizeChatRequest,
+    parse_body,
+    parse_detokenize,
+    parse_tokenize,
+    requested_max_tokens,
+)
 from dpd.router.streaming import ClientGone, RelayResponse, TokenTimer, noop, until_disconnect
 from dpd.router.tenants import Tenant, TenantRegistry
 from dpd.router.tokens import TokenCounter, Tokenizer, load_tokenizer
@@ -336,6 +345,52 @@ class Router:
             timer.finish(outcome, count_request=outcome == "ok")
 
     # -- the rest of the API ---------------------------------------------------------------
+    # -- tokenizer utilities (vLLM's /tokenize and /detokenize) -------------------------------
+    async def tokenize(self, request: Request) -> Response:
+        async def answer(raw: bytes) -> dict[str, Any]:
+            parsed = parse_tokenize(raw)
+            self._check_model(parsed.model)
+            if isinstance(parsed, TokenizeChatRequest):
+                messages = [m.model_dump(exclude_none=True) for m in parsed.messages]
+                tokens = await self._tokenizer_call(self.counter.tokenize_chat, messages, parsed.add_generation_prompt,
+                                                    parsed.add_special_tokens, param="messages")
+            else:
+                tokens = await self._tokenizer_call(self.counter.tokenize, parsed.prompt, parsed.add_special_tokens, param="prompt")
+            return {"count": len(tokens), "max_model_len": self.settings.max_model_len, "tokens": tokens}
+
+        return await self._utility(request, answer)
+
+    async def detokenize(self, request: Request) -> Response:
+        async def answer(raw: bytes) -> dict[str, Any]:
+            parsed = parse_detokenize(raw)
+            self._check_model(parsed.model)
+            return {"prompt": await self._tokenizer_call(self.counter.detokenize, parsed.tokens, param="tokens")}
+
+        return await self._utility(request, answer)
+
+    async def _utility(self, request: Request, answer: Callable[[bytes], Awaitable[dict[str, Any]]]) -> Response:
+        """Auth (a tenant's key, as for inference) → body → the answer; every error OpenAI-style."""
+        try:
+            self._authenticate(request)
+            try:
+                raw = await request.body()
+            except ClientDisconnect:
+                return Response(status_code=499)
+            return JSONResponse(await answer(raw))
+        except ApiError as error:
+            return error.response()
+
+    def _check_model(self, model: str) -> None:
+        if model != self.settings.model_name:
+            raise model_not_found(model)
+
+    @staticmethod
+    async def _tokenizer_call(fn: Callable[..., Any], *args: Any, param: str) -> Any:
+        try:
+            return await asyncio.to_thread(fn, *args)  # off the event loop, as prompt counting is
+        except Exception as exc:  # a template that rejects the conversation, an id out of range
+            raise bad_request(f"Cannot {fn.__name__} this input: {exc}", param=param) from None
+
     async def models(self, request: Request) -> Response:
         model = {
             "id": self.settings.model_name,
@@ -383,6 +438,8 @@ def build_app(router: Router) -> Starlette:
         Route("/v1/completions", router.completions, methods=["POST"]),
         Route("/v1/chat/completions", router.chat_completions, methods=["POST"]),
         Route("/v1/models", router.models, methods=["GET"]),
+        Route("/tokenize", router.tokenize, methods=["POST"]),
+        Route("/detokenize", router.detokenize, methods=["POST"]),
         Route("/health", router.health, methods=["GET"]),
         Route("/metrics", router.metrics_endpoint, methods=["GET"]),
         *AdminApi(router).routes(),

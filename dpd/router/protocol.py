@@ -12,13 +12,14 @@ which keeps the P/D hops (one prefill, one decode) and the stream relay simple.
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
 from dpd.router.errors import ApiError, bad_request
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
+_Model = TypeVar("_Model", bound=BaseModel)
 
 Number = Annotated[StrictInt | float, Field(allow_inf_nan=False)]
 Stop = StrictStr | Annotated[list[StrictStr], Field(max_length=16)] | None
@@ -78,6 +79,31 @@ class ChatCompletionRequest(_Request):
     top_logprobs: Annotated[StrictInt, Field(ge=0, le=20)] | None = None
 
 
+class TokenizeCompletionRequest(BaseModel):
+    """``POST /tokenize`` with a prompt (vLLM's shape)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    model: StrictStr
+    prompt: StrictStr
+    add_special_tokens: StrictBool = True
+
+
+class TokenizeChatRequest(BaseModel):
+    """``POST /tokenize`` with messages: the chat template, as a chat request is counted."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    model: StrictStr
+    messages: Annotated[list[Message], Field(min_length=1)]
+    add_generation_prompt: StrictBool = True
+    add_special_tokens: StrictBool = False
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    model: StrictStr
+    tokens: Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(max_length=1_000_000)]
+
+
 def _param_of(loc: tuple[Any, ...]) -> str:
     out = ""
     for part in loc:
@@ -90,6 +116,24 @@ def _param_of(loc: tuple[Any, ...]) -> str:
 
 def parse_body(raw: bytes, kind: type[_Request]) -> tuple[dict[str, Any], _Request]:
     """Decode and validate a request body; raise a 4xx ``ApiError`` naming what is wrong."""
+    body = _load_object(raw)
+    parsed = _validate(body, kind)
+    if parsed.stream_options is not None and not parsed.stream:
+        raise bad_request("'stream_options' is only allowed when 'stream' is true.", param="stream_options")
+    return body, parsed
+
+
+def parse_tokenize(raw: bytes) -> TokenizeCompletionRequest | TokenizeChatRequest:
+    """A ``/tokenize`` body: with ``messages`` a chat, else a prompt."""
+    body = _load_object(raw)
+    return _validate(body, TokenizeChatRequest if "messages" in body else TokenizeCompletionRequest)
+
+
+def parse_detokenize(raw: bytes) -> DetokenizeRequest:
+    return _validate(_load_object(raw), DetokenizeRequest)
+
+
+def _load_object(raw: bytes) -> dict[str, Any]:
     if len(raw) > MAX_BODY_BYTES:
         raise ApiError(413, f"Request body is larger than {MAX_BODY_BYTES} bytes.", code="body_too_large")
     try:
@@ -102,8 +146,12 @@ def parse_body(raw: bytes, kind: type[_Request]) -> tuple[dict[str, Any], _Reque
         raise bad_request(f"Request body is not acceptable JSON: {exc.__class__.__name__}.", code="invalid_json") from None
     if not isinstance(body, dict):
         raise bad_request("Request body must be a JSON object.", code="invalid_json")
+    return body
+
+
+def _validate(body: dict[str, Any], kind: type[_Model]) -> _Model:
     try:
-        parsed = kind.model_validate(body)
+        return kind.model_validate(body)
     except ValidationError as exc:
         err = exc.errors()[0]
         param = _param_of(err["loc"])
@@ -114,9 +162,6 @@ def parse_body(raw: bytes, kind: type[_Request]) -> tuple[dict[str, Any], _Reque
         if param in ("n", "best_of"):
             raise bad_request(f"'{param}' must be 1: dpd serves one choice per request.", param=param) from None
         raise bad_request(f"Invalid value for '{param}': {err['msg']}.", param=param) from None
-    if parsed.stream_options is not None and not parsed.stream:
-        raise bad_request("'stream_options' is only allowed when 'stream' is true.", param="stream_options")
-    return body, parsed
 
 
 def requested_max_tokens(parsed: _Request) -> int | None:

@@ -15,6 +15,8 @@ from dpd.router.protocol import ChatCompletionRequest, CompletionRequest
 class Tokenizer(Protocol):
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
+    def decode(self, ids: list[int]) -> str: ...
+
     def apply_chat_template(self, conversation: list[dict[str, Any]], **kwargs: Any) -> Any: ...
 
 
@@ -33,7 +35,7 @@ class TokenCounter:
 
     def count(self, parsed: CompletionRequest | ChatCompletionRequest) -> int:
         if isinstance(parsed, ChatCompletionRequest):
-            return self.count_chat([_flatten(m.model_dump(exclude_none=True)) for m in parsed.messages])
+            return self.count_chat([m.model_dump(exclude_none=True) for m in parsed.messages])
         if isinstance(parsed.prompt, list):
             bad = [t for t in parsed.prompt if t < 0 or (self._num_ids is not None and t >= self._num_ids)]
             if bad:
@@ -42,8 +44,22 @@ class TokenCounter:
         return len(self._tokenizer.encode(parsed.prompt, add_special_tokens=True))
 
     def count_chat(self, messages: list[dict[str, Any]]) -> int:
-        rendered = self._tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        return len(self._tokenizer.encode(rendered, add_special_tokens=False))
+        return len(self.tokenize_chat(messages))
+
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    def tokenize_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                      add_special_tokens: bool = False) -> list[int]:
+        rendered = self._tokenizer.apply_chat_template(
+            [_flatten(m) for m in messages], add_generation_prompt=add_generation_prompt, tokenize=False)
+        return list(self._tokenizer.encode(rendered, add_special_tokens=add_special_tokens))
+
+    def detokenize(self, ids: list[int]) -> str:
+        bad = [t for t in ids if self._num_ids is not None and t >= self._num_ids]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is out of the vocabulary (0..{(self._num_ids or 1) - 1})")
+        return self._tokenizer.decode(ids)
 
 
 def _flatten(message: dict[str, Any]) -> dict[str, Any]:

@@ -92,6 +92,20 @@ def test_short_prompt_goes_direct(endpoint, client, make_prompt):
     assert scrape(endpoint.url, "dpd_decisions_total", path="direct", reason="below_threshold") == before + 1
 
 
+def test_tokenize_counts_what_vllm_counts(endpoint, make_prompt):
+    """The router's /tokenize (its routing tokenizer) agrees with the worker's usage, both forms."""
+    prompt = make_prompt(100, seed=21)
+    counted = requests.post(endpoint.url + "/tokenize", json={"model": MODEL, "prompt": prompt}, timeout=30).json()
+    served = requests.post(endpoint.url + "/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 1}, timeout=60).json()
+    assert counted["count"] == served["usage"]["prompt_tokens"] == len(counted["tokens"])
+    messages = [{"role": "user", "content": "Name three colours."}]
+    counted = requests.post(endpoint.url + "/tokenize", json={"model": MODEL, "messages": messages}, timeout=30).json()
+    served = requests.post(endpoint.url + "/v1/chat/completions", json={"model": MODEL, "messages": messages, "max_tokens": 1}, timeout=60).json()
+    assert counted["count"] == served["usage"]["prompt_tokens"]
+    text = requests.post(endpoint.url + "/detokenize", json={"model": MODEL, "tokens": counted["tokens"]}, timeout=30).json()["prompt"]
+    assert "Name three colours." in text
+
+
 def _set_threshold(endpoint, value: int) -> None:
     resp = requests.put(endpoint.url + "/admin/threshold", json={"threshold_tokens": value}, timeout=10)
     assert resp.status_code == 200 and resp.json() == {"threshold_tokens": value}

@@ -26,6 +26,9 @@ class WordTokenizer:
     def apply_chat_template(self, conversation, **kwargs):
         return " ".join(m["content"] for m in conversation)
 
+    def decode(self, ids):
+        return " ".join(f"w{i}" for i in ids)
+
 
 class ScriptedWorker:
     """Answers prefill hops with kv_transfer_params and decode hops with three tokens."""
@@ -183,3 +186,29 @@ async def test_no_decoder_is_a_503_with_retry_after(make_router):
         resp = await client.post("/v1/completions", json=BODY)
     assert resp.status_code == 503 and resp.headers["retry-after"]
     assert "decode pool" in resp.json()["error"]["message"]
+
+
+async def test_tokenize_and_detokenize_answer_with_the_routers_tokenizer(make_router):
+    client = await make_router(None, ScriptedWorker())
+    resp = await client.post("/tokenize", json={"model": "m", "prompt": "one two three four"})
+    assert resp.json() == {"count": 4, "max_model_len": 1000, "tokens": ["one", "two", "three", "four"]}
+    chat = await client.post("/tokenize", json={"model": "m", "messages": [{"role": "user", "content": "a b"}]})
+    assert chat.json()["count"] == 2
+    assert (await client.post("/detokenize", json={"model": "m", "tokens": [1, 2]})).json() == {"prompt": "w1 w2"}
+
+
+@pytest.mark.parametrize("path, body, status, param", [
+    ("/tokenize", b"{nope", 400, None),
+    ("/tokenize", {"model": "other", "prompt": "x"}, 404, None),
+    ("/tokenize", {"model": "m", "prompt": "x", "stream": True}, 400, "stream"),
+    ("/tokenize", {"model": "m", "prompt": 3}, 400, "prompt"),
+    ("/tokenize", {"model": "m", "messages": []}, 400, "messages"),
+    ("/detokenize", {"model": "m", "tokens": [-1]}, 400, "tokens[0]"),
+    ("/detokenize", {"model": "m"}, 400, "tokens"),
+])
+async def test_tokenizer_endpoints_refuse_bad_input_with_openai_errors(make_router, path, body, status, param):
+    client = await make_router(None, ScriptedWorker())
+    resp = await (client.post(path, content=body) if isinstance(body, bytes) else client.post(path, json=body))
+    assert resp.status_code == status
+    error = resp.json()["error"]
+    assert error["message"] and (param is None or error["param"] == param)

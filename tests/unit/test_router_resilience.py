@@ -88,6 +88,9 @@ async def test_tenant_keys_and_dedicated_workers(make_router):
     assert (await client.post("/v1/completions", json=BODY)).status_code == 401
     wrong = await client.post("/v1/completions", json=BODY, headers={"Authorization": "Bearer nope"})
     assert wrong.status_code == 401 and wrong.json()["error"]["type"] == "authentication_error"
+    tokenize = {"model": "m", "prompt": "x y"}
+    assert (await client.post("/tokenize", json=tokenize)).status_code == 401  # the tokenizer needs a key too
+    assert (await client.post("/tokenize", json=tokenize, headers=auth("a"))).json()["count"] == 2
     for _ in range(6):
         assert (await client.post("/v1/completions", json=BODY, headers=auth("a"))).status_code == 200
     assert len(shared.bodies) == 6 and dedicated.bodies == []  # a never reaches b's worker
