@@ -21,10 +21,9 @@ from __future__ import annotations
 
 import json
 from typing import Any, Protocol
-
-from dpd.config.load import parse_config
 from urllib.parse import quote
 
+from dpd.config.load import parse_config
 from dpd.k8s.api import collection_path, object_path
 from dpd.k8s.render import TENANT_LABEL, RenderOptions, config_document, names, render, worker_groups
 from dpd.k8s.webhook import admission_problems
@@ -152,7 +151,7 @@ async def reconcile(api: Api, body: dict[str, Any], options: RenderOptions | Non
         if path not in wanted_paths and await api.get(path) is not None:
             await api.delete(path)
             actions.append(f"delete {path}")
-    selector = quote(f"app.kubernetes.io/instance={body['metadata']['name']},{TENANT_LABEL}")
+    selector = quote(f"app.kubernetes.io/instance={body['metadata']['name']},app.kubernetes.io/managed-by=dpd,{TENANT_LABEL}")
     for api_version, kind in TENANT_KINDS:
         listing = await api.get(f"{collection_path(api_version, kind, namespace)}?labelSelector={selector}") or {}
         for item in listing.get("items") or []:

@@ -25,7 +25,7 @@ import yaml
 
 from dpd.config.load import parse_config
 from dpd.config.model import InferenceEndpointConfig
-from dpd.k8s.autoscaling import RenderError, hpa, parse_autoscaling
+from dpd.k8s.autoscaling import POOL_KEYS, PoolAutoscaling, RenderError, hpa, parse_autoscaling
 from dpd.k8s.workers import SIDE_CHANNEL_PORT, WORKER_HTTP_PORT, model_volume, pod_template
 
 DPD_IMAGE = "dpd:0.1.0"
@@ -95,6 +95,30 @@ def worker_groups(config: InferenceEndpointConfig) -> list[WorkerGroup]:
 def group_selector(config: InferenceEndpointConfig, group: WorkerGroup) -> dict[str, str]:
     tenant = {} if group.tenant is None else {TENANT_LABEL: group.tenant}
     return {**selector(config, group.component), **tenant}
+
+
+def shared_autoscaling(config: InferenceEndpointConfig, groups: list[WorkerGroup]) -> dict[str, PoolAutoscaling]:
+    """``autoScalingSpec`` of the shared groups: the HPA scales only a pool's shared workers, so
+    its default minimum is the pool's ``replicas`` less the dedicated ones."""
+    pd = config.spec.pdSpec
+    shared = {g.pool: g.replicas for g in groups if g.tenant is None}
+    pools = {"prefill": pd.prefillSpec, "decode": pd.decodingSpec}
+    scaling = parse_autoscaling(pd.autoScalingSpec, {p: spec.model_copy(update={"replicas": shared[p]}) for p, spec in pools.items()})
+    empty = [f"spec.pdSpec.autoScalingSpec.{POOL_KEYS[p]}: every {p} worker is dedicated to a tenant, and the "
+             f"autoscaler scales only shared workers; remove it or leave the pool some shared workers"
+             for p in scaling if shared[p] == 0]
+    if empty:
+        raise RenderError(empty)
+    return scaling
+
+
+def pool_spread(config: InferenceEndpointConfig, pool: str, groups: list[WorkerGroup]) -> dict[str, Any]:
+    """The label selector of every pod of ``pool``, shared and dedicated: what anti-affinity
+    spreads (one pod of a pool per topology domain holds across its groups)."""
+    if not any(g.pool == pool and g.tenant is not None for g in groups):
+        return {"matchLabels": selector(config, pool)}
+    return {"matchLabels": {"app.kubernetes.io/instance": config.metadata.name}, "matchExpressions": [
+        {"key": "app.kubernetes.io/component", "operator": "In", "values": [pool, f"{pool}-dedicated"]}]}
 
 
 def group_labels(config: InferenceEndpointConfig, group: WorkerGroup) -> dict[str, str]:
@@ -283,9 +307,9 @@ def _network_policies(config: InferenceEndpointConfig, n: dict[str, str]) -> lis
 
 def render_config(config: InferenceEndpointConfig, document: dict[str, Any], options: RenderOptions = RenderOptions()) -> list[dict]:
     n = names(config)
-    pd = config.spec.pdSpec
     images = _images(config, options)
-    scaling = parse_autoscaling(pd.autoScalingSpec, {"prefill": pd.prefillSpec, "decode": pd.decodingSpec})
+    groups = worker_groups(config)
+    scaling = shared_autoscaling(config, groups)
     public, secrets = split_secrets(document)
     objects = _rbac(config, n)
     objects.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(config, n["config"], "router"),
@@ -293,10 +317,9 @@ def render_config(config: InferenceEndpointConfig, document: dict[str, Any], opt
     if secrets:
         objects.append({"apiVersion": "v1", "kind": "Secret", "metadata": _meta(config, n["secrets"], "router"),
                         "type": "Opaque", "stringData": {"secrets.yaml": yaml.safe_dump(secrets, sort_keys=True)}})
-    groups = worker_groups(config)
     objects += _services(config, n, groups)
     for group in groups:
-        template = pod_template(config, group.pool, group_labels(config, group), group_selector(config, group), images)
+        template = pod_template(config, group.pool, group_labels(config, group), pool_spread(config, group.pool, groups), images)
         # Only a pool's shared group autoscales; a tenant's dedicated workers are a fixed number.
         replicas = None if group.tenant is None and group.pool in scaling else group.replicas
         objects.append(_deployment(config, group.name, group.component, template, replicas, group_selector(config, group)))

@@ -110,7 +110,11 @@ async def _serve(config: InferenceEndpointConfig, config_path: str, secrets_path
     router = Router(cluster_settings(config))
     server = make_server(router, "0.0.0.0", config.spec.pdSpec.router.port, is_embedded=False)
     pools = {"prefill": router.prefill, "decode": router.decode}
-    services = {group.key: group.name for group in worker_groups(config)}
+    groups = worker_groups(config)
+    for group in groups:
+        if group.tenant is not None:  # before discovery has seen a pod: the tenant waits for its own
+            pools[group.pool].dedicated_tenants.add(group.tenant)
+    services = {group.key: group.name for group in groups}
     async with aiohttp.ClientSession() as session:
         watcher = EndpointSliceWatcher(KubeApi.in_cluster(session), namespace, services, on_group_change(pools))
         tasks = [asyncio.create_task(watcher.run()), asyncio.create_task(ThresholdReloader(router, config_path, secrets_path).run())]

@@ -13,7 +13,7 @@ from typing import Any
 
 from dpd.config.load import ConfigError, parse_config
 from dpd.k8s.autoscaling import RenderError, parse_autoscaling
-from dpd.k8s.render import config_document, worker_groups
+from dpd.k8s.render import config_document, shared_autoscaling, worker_groups
 
 
 def admission_problems(body: dict[str, Any]) -> list[str]:
@@ -24,7 +24,7 @@ def admission_problems(body: dict[str, Any]) -> list[str]:
     pd = config.spec.pdSpec
     try:
         parse_autoscaling(pd.autoScalingSpec, {"prefill": pd.prefillSpec, "decode": pd.decodingSpec})
-        worker_groups(config)
+        shared_autoscaling(config, worker_groups(config))
     except RenderError as exc:
         return list(exc.problems)
     return []

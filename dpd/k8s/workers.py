@@ -137,8 +137,10 @@ def _resources(pool: PoolSpec) -> dict[str, Any]:
 
 
 def pod_template(
-    config: InferenceEndpointConfig, pool_name: str, labels: dict[str, str], selector: dict[str, str], images: dict[str, str]
+    config: InferenceEndpointConfig, pool_name: str, labels: dict[str, str], spread: dict[str, Any], images: dict[str, str]
 ) -> dict[str, Any]:
+    """The pod template of a group of ``pool_name``'s workers labelled ``labels``; ``spread`` is
+    the label selector of every pod of the pool (all its groups), which anti-affinity keeps apart."""
     pd = config.spec.pdSpec
     pool = pd.prefillSpec if pool_name == "prefill" else pd.decodingSpec
     topology = pd.topologySpec or {}
@@ -165,7 +167,7 @@ def pod_template(
     }
     if _uses_rdma(pool):
         container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
-    term: dict[str, Any] = {"labelSelector": {"matchLabels": selector}, "topologyKey": topology.get("topologyKey", "kubernetes.io/hostname")}
+    term: dict[str, Any] = {"labelSelector": spread, "topologyKey": topology.get("topologyKey", "kubernetes.io/hostname")}
     if topology.get("requiredAntiAffinity"):
         affinity = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
     else:

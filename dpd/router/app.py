@@ -353,9 +353,10 @@ class Router:
             if isinstance(parsed, TokenizeChatRequest):
                 messages = [m.model_dump(exclude_none=True) for m in parsed.messages]
                 tokens = await self._tokenizer_call(self.counter.tokenize_chat, messages, parsed.add_generation_prompt,
-                                                    parsed.add_special_tokens, param="messages")
+                                                    parsed.add_special_tokens, param="messages", what="tokenize the messages")
             else:
-                tokens = await self._tokenizer_call(self.counter.tokenize, parsed.prompt, parsed.add_special_tokens, param="prompt")
+                tokens = await self._tokenizer_call(self.counter.tokenize, parsed.prompt, parsed.add_special_tokens, param="prompt",
+                                                    what="tokenize the prompt")
             return {"count": len(tokens), "max_model_len": self.settings.max_model_len, "tokens": tokens}
 
         return await self._utility(request, answer)
@@ -364,7 +365,7 @@ class Router:
         async def answer(raw: bytes) -> dict[str, Any]:
             parsed = parse_detokenize(raw)
             self._check_model(parsed.model)
-            return {"prompt": await self._tokenizer_call(self.counter.detokenize, parsed.tokens, param="tokens")}
+            return {"prompt": await self._tokenizer_call(self.counter.detokenize, parsed.tokens, param="tokens", what="detokenize")}
 
         return await self._utility(request, answer)
 
@@ -385,11 +386,11 @@ class Router:
             raise model_not_found(model)
 
     @staticmethod
-    async def _tokenizer_call(fn: Callable[..., Any], *args: Any, param: str) -> Any:
+    async def _tokenizer_call(fn: Callable[..., Any], *args: Any, param: str, what: str) -> Any:
         try:
             return await asyncio.to_thread(fn, *args)  # off the event loop, as prompt counting is
         except Exception as exc:  # a template that rejects the conversation, an id out of range
-            raise bad_request(f"Cannot {fn.__name__} this input: {exc}", param=param) from None
+            raise bad_request(f"Cannot {what}: {exc}", param=param) from None
 
     async def models(self, request: Request) -> Response:
         model = {

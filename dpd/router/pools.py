@@ -7,8 +7,8 @@ first refused connection or failed probe; once it passes a probe again (after th
 cooldown) it gets one trial request, and a good trial closes its breaker.
 
 A pool hands out workers with ``pick``: never an open or draining worker, never a worker
-dedicated to another tenant; a half-open worker only for its trial, unless no other worker is
-left (then trying beats a 503).
+dedicated to another tenant, and to a tenant with workers of its own in the pool only those;
+a half-open worker only for its trial, unless no other worker is left (then trying beats a 503).
 """
 
 from __future__ import annotations
@@ -99,6 +99,10 @@ class Pool:
         # The pool's own breaker (the prefill pool's: consecutive failed disaggregated attempts).
         self.breaker = breaker
         self._new_worker = new_worker or (lambda worker_name, url: Worker(worker_name, url, name))
+        # Tenants with workers of their own in this pool: they use only those, even when none
+        # is up (a 503, never a shared worker). Known from the config, not from which workers
+        # are present: on a cluster a tenant's pods come and go with their readiness.
+        self.dedicated_tenants: set[str] = {w.owner for w in workers if w.owner is not None}
 
     def replace_workers(self, members: Sequence[tuple[str, str]], owner: str | None = None) -> None:
         """Make the pool's workers of ``owner`` (a tenant's dedicated ones, or with ``None`` the
@@ -106,6 +110,8 @@ class Pool:
         other groups' workers stay. A worker still present keeps its object (in-flight count,
         breaker); a new one starts closed, since it was found ready (its readiness probe is the
         worker's ``/health``)."""
+        if owner is not None:
+            self.dedicated_tenants.add(owner)
         current = {w.url: w for w in self.workers if w.owner == owner}
         workers = [w for w in self.workers if w.owner != owner]
         for worker_name, url in members:
@@ -139,8 +145,8 @@ class Pool:
 
     def _usable(self, tenant: str | None) -> list[Worker]:
         live = [w for w in self.workers if not w.is_draining]
-        dedicated = [w for w in live if tenant is not None and w.owner == tenant]
-        return dedicated or [w for w in live if w.owner is None]
+        owner = tenant if tenant in self.dedicated_tenants else None
+        return [w for w in live if w.owner == owner]
 
     def find(self, name: str) -> Worker | None:
         return next((w for w in self.workers if w.name == name), None)

@@ -153,7 +153,8 @@ def test_a_tenants_dedicated_pods_serve_that_tenant_only():
     apply("decode", (Endpoint("ep-decode-x2", "http://10.0.1.2:8000"),))
     assert sorted(w.name for w in pool.workers) == ["ep-decode-a-y1", "ep-decode-x2"]
     apply("decode/a", ())
-    assert [w.name for w in pool.available("a")] == ["ep-decode-x2"]  # like locally: shared when none of its own
+    assert pool.available("a") == []  # none of its own ready: a 503, never a shared worker
+    assert not pool.is_available("a") and pool.is_available("b")
 
 
 def test_threshold_reloads_from_the_mounted_config(tmp_path):

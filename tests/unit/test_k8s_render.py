@@ -317,6 +317,33 @@ def test_only_the_shared_group_autoscales():
     assert by_kind(objects, "Deployment", "-decode-a")["spec"]["replicas"] == 1
 
 
+def test_anti_affinity_spreads_a_pool_across_its_groups():
+    objects = render(with_tenants())
+    pods = {o["metadata"]["name"]: o["spec"]["template"] for o in objects if o["kind"] == "Deployment" and "router" not in o["metadata"]["name"]}
+    for name, template in pods.items():
+        pool = "prefill" if "-prefill" in name else "decode"
+        affinity = template["spec"]["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
+        spread = affinity["podAffinityTerm"]["labelSelector"]
+        kept_apart = {n for n, t in pods.items() if selects(spread, t["metadata"]["labels"])}
+        assert kept_apart == {n for n in pods if f"-{pool}" in n}, name
+
+
+def selects(selector, pod_labels):
+    expressions = selector.get("matchExpressions", [])
+    assert all(e["operator"] == "In" for e in expressions)
+    return matches(selector.get("matchLabels", {}), pod_labels) and all(pod_labels.get(e["key"]) in e["values"] for e in expressions)
+
+
+def test_the_autoscalers_default_minimum_counts_shared_workers_only():
+    document = with_tenants("examples/gpu-rdma.yaml")
+    del document["spec"]["pdSpec"]["autoScalingSpec"]["decodingAutoScaling"]["minReplicaCount"]
+    hpa = by_kind(render(document), "HorizontalPodAutoscaler", "-decode")
+    assert hpa["spec"]["minReplicas"] == 3 - 1  # decode replicas 3, one of them tenant a's
+    document["spec"]["tenants"][0]["dedicatedWorkers"] = ["prefill-0", "prefill-1"]
+    with pytest.raises(RenderError, match="autoScalingSpec.prefillAutoScaling: every prefill worker is dedicated"):
+        render(document)
+
+
 def test_a_dedicated_pool_whose_service_name_is_too_long_is_refused_by_name():
     document = with_tenants(name="x" * 55)
     problem = ("tenants[a].dedicatedWorkers: the prefill Service '" + "x" * 55 + "-prefill-a' would be longer than 63 "

@@ -233,3 +233,15 @@ def test_token_ids_outside_the_vocabulary_are_refused():
     for ids in ([100], [-1], [5, 10**9]):
         with pytest.raises(ValueError, match="out of the vocabulary"):
             counter.count(CompletionRequest(model="m", prompt=ids))
+
+
+def test_a_tenant_with_workers_of_its_own_never_spills_onto_shared_ones():
+    from dpd.router.pools import make_pool
+
+    pool = make_pool("decode", ["http://w0", "http://w1"], owners={"decode-1": "b"})
+    for w in pool.workers:
+        w.record_probe(True)
+    assert [w.name for w in pool.available("b")] == ["decode-1"]
+    assert [w.name for w in pool.available("a")] == [w.name for w in pool.available(None)] == ["decode-0"]
+    pool.workers[1].is_draining = True
+    assert pool.available("b") == [] and not pool.is_available("b")  # a 503 for b, not decode-0
