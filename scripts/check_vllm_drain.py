@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -63,7 +64,8 @@ def main() -> int:
         body = {"model": config.spec.modelName, "prompt": "Tell me a long story about a lighthouse.",
                 "max_tokens": MAX_TOKENS, "ignore_eos": True, "stream": True, "temperature": 0}
         tokens, finish, sent_at, refused = 0, None, None, None
-        with requests.post(url + "/v1/completions", json=body, stream=True, timeout=120) as resp:
+        exit_at: list[float] = []
+        with requests.post(url + "/v1/completions", json=body, stream=True, timeout=30) as resp:
             try:
                 for line in resp.iter_lines():
                     if not line.startswith(b"data: ") or line == b"data: [DONE]":
@@ -74,6 +76,7 @@ def main() -> int:
                     if tokens == 10 and sent_at is None:
                         proc.send_signal(signal.SIGTERM)  # the main process only, as the kubelet does
                         sent_at = time.monotonic()
+                        threading.Thread(target=lambda: exit_at.append((proc.wait(), time.monotonic())[1]), daemon=True).start()
                         time.sleep(0.5)
                         try:
                             refused = requests.post(url + "/v1/completions", json={**body, "stream": False, "max_tokens": 4},
@@ -86,7 +89,7 @@ def main() -> int:
             proc.wait(timeout=args.shutdown_timeout + 60)
         except subprocess.TimeoutExpired:
             pass
-        exited = f"{time.monotonic() - sent_at:.1f} s after SIGTERM" if proc.poll() is not None and sent_at else "still running"
+        exited = f"{exit_at[0] - sent_at:.1f} s after SIGTERM" if exit_at and sent_at else "still running"
         print(f"[drain] --shutdown-timeout {args.shutdown_timeout}: stream got {tokens}/{MAX_TOKENS} tokens, "
               f"finish_reason {finish!r}; a new request during shutdown: {refused}; worker exited {exited}; log {log}")
         drained = tokens == MAX_TOKENS and finish == "length"
