@@ -244,8 +244,12 @@ def test_bench_short_run(endpoint):
     assert [r.path for r in records] == ["direct", "disaggregated", "direct", "disaggregated", "direct"]
     for r in records:
         assert r.num_output_tokens == 8 and 0 < r.ttft_s < r.e2e_s
-        assert len(r.itls_s) >= 1 and r.ttft_s + sum(r.itls_s) <= r.e2e_s + 1e-6
+        # A gap per text chunk after the first. vLLM merges tokens into one chunk when its stream
+        # falls behind (seen once on a busy CPU: all 8 tokens of a disaggregated request in one
+        # chunk, no gap), so a request may have fewer gaps than tokens — never more.
+        assert len(r.itls_s) <= r.num_output_tokens - 1 and r.ttft_s + sum(r.itls_s) <= r.e2e_s + 1e-6
         assert r.tpot_s == pytest.approx((r.e2e_s - r.ttft_s) / 7)
+    assert any(r.itls_s for r in records)
     summary = summarize(records, duration_s, Slo(ttft_s=60, tpot_s=5))
     assert summary["num_failed"] == 0 and summary["slo_attainment"] == 1.0
     print(f"\nbench short run: TTFT p50 {summary['ttft_p50_s']:.2f} s p99 {summary['ttft_p99_s']:.2f} s, "
