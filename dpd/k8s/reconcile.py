@@ -128,7 +128,8 @@ async def reconcile(api: Api, body: dict[str, Any], options: RenderOptions | Non
     document.setdefault("metadata", {})["namespace"] = namespace
     source = f"{namespace}/{body['metadata']['name']}"
     desired = render(document, options or RenderOptions(), source=source)
-    config = names(parse_config(document, source))
+    parsed = parse_config(document, source)
+    config = names(parsed)
     owner = owner_reference(body)
     actions: list[str] = []
     wanted_paths = set()
@@ -159,7 +160,7 @@ async def reconcile(api: Api, body: dict[str, Any], options: RenderOptions | Non
             if path not in wanted_paths:
                 await api.delete(path)
                 actions.append(f"delete {path}")
-    groups = {g.key: g.name for g in worker_groups(parse_config(document, source))}
+    groups = {g.key: g.name for g in worker_groups(parsed)}
     deployments = {}
     for component, name in [*groups.items(), ("router", config["router"])]:
         ref = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": namespace}}

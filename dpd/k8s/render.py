@@ -193,9 +193,10 @@ def _images(config: InferenceEndpointConfig, options: RenderOptions) -> dict[str
     return {"dpd": options.dpd_image, "worker": worker}
 
 
-def _meta(config: InferenceEndpointConfig, name: str, component: str, **extra: Any) -> dict[str, Any]:
+def _meta(config: InferenceEndpointConfig, name: str, component: str, extra_labels: dict[str, str] | None = None,
+          **extra: Any) -> dict[str, Any]:
     ns = {"namespace": config.metadata.namespace} if config.metadata.namespace else {}
-    return {"name": name, **ns, "labels": labels(config, component), **extra}
+    return {"name": name, **ns, "labels": {**labels(config, component), **(extra_labels or {})}, **extra}
 
 
 def _deployment(config: InferenceEndpointConfig, name: str, component: str, template: dict, replicas: int | None,
@@ -206,9 +207,7 @@ def _deployment(config: InferenceEndpointConfig, name: str, component: str, temp
         spec = {"replicas": replicas, **spec}
     # Workers are replaced one at a time, and a new one must be ready before an old one goes.
     spec["strategy"] = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
-    meta = _meta(config, name, component)
-    meta["labels"] = {**meta["labels"], **match}
-    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta, "spec": spec}
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(config, name, component, match), "spec": spec}
 
 
 def _router_template(config: InferenceEndpointConfig, n: dict[str, str], images: dict[str, str], public: dict, secrets: dict) -> dict:
@@ -259,8 +258,7 @@ def _rbac(config: InferenceEndpointConfig, n: dict[str, str]) -> list[dict]:
 def _services(config: InferenceEndpointConfig, n: dict[str, str], groups: list[WorkerGroup]) -> list[dict]:
     out = []
     for group in groups:
-        meta = _meta(config, group.name, group.component)
-        meta["labels"] = {**meta["labels"], **group_selector(config, group), METRICS_LABEL: "true"}
+        meta = _meta(config, group.name, group.component, {**group_selector(config, group), METRICS_LABEL: "true"})
         out.append({
             "apiVersion": "v1", "kind": "Service", "metadata": meta,
             # Headless: the router picks pods itself from the EndpointSlices; no kube-proxy hop.
@@ -269,8 +267,7 @@ def _services(config: InferenceEndpointConfig, n: dict[str, str], groups: list[W
                 {"name": "nixl", "port": SIDE_CHANNEL_PORT, "targetPort": "nixl", "protocol": "TCP"},
             ]},
         })
-    meta = _meta(config, n["router"], "router")
-    meta["labels"] = {**meta["labels"], METRICS_LABEL: "true"}
+    meta = _meta(config, n["router"], "router", {METRICS_LABEL: "true"})
     port = config.spec.pdSpec.router.port
     out.append({"apiVersion": "v1", "kind": "Service", "metadata": meta, "spec": {
         "type": "ClusterIP", "selector": selector(config, "router"),
@@ -326,9 +323,7 @@ def render_config(config: InferenceEndpointConfig, document: dict[str, Any], opt
     objects.append(_deployment(config, n["router"], "router", _router_template(config, n, images, public, secrets), 1))
     budgets = [(g.name, g.component, group_selector(config, g)) for g in groups]
     for name, component, match in [*budgets, (n["router"], "router", selector(config, "router"))]:
-        meta = _meta(config, name, component)
-        meta["labels"] = {**meta["labels"], **match}
-        objects.append({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": meta,
+        objects.append({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": _meta(config, name, component, match),
                         "spec": {"maxUnavailable": 1, "selector": {"matchLabels": match}}})
     ns = {"namespace": config.metadata.namespace} if config.metadata.namespace else {}
     for pool in POOLS:

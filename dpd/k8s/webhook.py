@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from dpd.config.load import ConfigError, parse_config
-from dpd.k8s.autoscaling import RenderError, parse_autoscaling
+from dpd.k8s.autoscaling import RenderError
 from dpd.k8s.render import config_document, shared_autoscaling, worker_groups
 
 
@@ -21,10 +21,8 @@ def admission_problems(body: dict[str, Any]) -> list[str]:
         config = parse_config(config_document(body), "resource")
     except ConfigError as exc:
         return list(exc.problems)
-    pd = config.spec.pdSpec
     try:
-        parse_autoscaling(pd.autoScalingSpec, {"prefill": pd.prefillSpec, "decode": pd.decodingSpec})
-        shared_autoscaling(config, worker_groups(config))
+        shared_autoscaling(config, worker_groups(config))  # parses autoScalingSpec as render does
     except RenderError as exc:
         return list(exc.problems)
     return []

@@ -180,10 +180,10 @@ class Router:
             except ClientDisconnect:
                 raise ClientGone() from None
             body, parsed = parse_body(raw, kind)
-            if parsed.model != self.settings.model_name:
-                raise model_not_found(parsed.model)
-            # Off the event loop: a long prompt must not freeze every stream being relayed.
-            num_prompt_tokens = await asyncio.to_thread(self._count, parsed)
+            self._check_model(parsed.model)
+            num_prompt_tokens = await self._tokenizer_call(
+                self.counter.count, parsed, what="tokenize the prompt",
+                param="messages" if isinstance(parsed, ChatCompletionRequest) else "prompt")
             self._check_length(num_prompt_tokens, requested_max_tokens(parsed))
             if tenant is not None:
                 self._check_tenant_limits(tenant, num_prompt_tokens)
@@ -268,12 +268,6 @@ class Router:
             self.metrics.tenant_rate_limited.labels(tenant.name, error.param or "").inc()
             raise
         self.metrics.tenant_prompt_tokens.labels(tenant.name).inc(num_prompt_tokens)
-
-    def _count(self, parsed: CompletionRequest | ChatCompletionRequest) -> int:
-        try:
-            return self.counter.count(parsed)
-        except Exception as exc:  # a template that rejects the conversation, e.g. bad role order
-            raise bad_request(f"Cannot tokenize the prompt: {exc}", param="messages" if isinstance(parsed, ChatCompletionRequest) else "prompt") from None
 
     def _check_length(self, num_prompt_tokens: int, max_tokens: int | None) -> None:
         limit = self.settings.max_model_len
@@ -388,7 +382,8 @@ class Router:
     @staticmethod
     async def _tokenizer_call(fn: Callable[..., Any], *args: Any, param: str, what: str) -> Any:
         try:
-            return await asyncio.to_thread(fn, *args)  # off the event loop, as prompt counting is
+            # Off the event loop: a long prompt must not freeze every stream being relayed.
+            return await asyncio.to_thread(fn, *args)
         except Exception as exc:  # a template that rejects the conversation, an id out of range
             raise bad_request(f"Cannot {what}: {exc}", param=param) from None
 
