@@ -29,10 +29,14 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from dpd.config import ConfigError, InferenceEndpointConfig, json_schema, load_config, parse_config
-from dpd.config.model import DEFAULT_ROUTING_THRESHOLD_TOKENS, RouterSpec
+from dpd.config.model import DEFAULT_ROUTING_THRESHOLD_TOKENS, PdSpec, RouterSpec
+
+# The allowed values, read from the config model (one source for the config and the flags).
+PICKERS: tuple[str, ...] = get_args(RouterSpec.model_fields["picker"].annotation)
+POLICIES: tuple[str, ...] = get_args(PdSpec.model_fields["routingPolicy"].annotation)
 
 # The shared trace beside a checkout (../shared/traces/azure-llm-2023).
 DEFAULT_TRACE_DIR = Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure-llm-2023"
@@ -43,6 +47,8 @@ def with_overrides(config: InferenceEndpointConfig, args: argparse.Namespace) ->
     pd = data["spec"]["pdSpec"]
     if getattr(args, "threshold", None) is not None:
         pd["routingThreshold"] = args.threshold
+    if getattr(args, "policy", None) is not None:
+        pd["routingPolicy"] = args.policy
     if getattr(args, "port", None) is not None:
         pd["router"]["port"] = args.port
     if getattr(args, "host", None) is not None:
@@ -74,7 +80,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     print(
         f"{args.file}: valid — model {config.spec.modelName!r}, "
         f"{pd.prefillSpec.replicas} prefill + {pd.decodingSpec.replicas} decode worker(s), "
-        f"threshold {pd.routingThreshold} tokens"
+        f"{pd.routingPolicy} routing, threshold {pd.routingThreshold} tokens"
     )
     return 0
 
@@ -95,25 +101,19 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def route_settings(args: argparse.Namespace):
     from dpd.router import RouterSettings
 
-    if args.config:  # router knobs, tenants, model name and threshold from a config file
-        endpoint = load_config(args.config).spec
-        base, tenants, threshold = endpoint.pdSpec.router, endpoint.tenants, endpoint.pdSpec.routingThreshold
-        model_name, max_model_len = endpoint.modelName, endpoint.maxModelLen
+    if args.config:  # router knobs, tenants, model name, threshold and policy from a config file
+        endpoint = with_overrides(load_config(args.config), args).spec
     else:
-        base, tenants, threshold = RouterSpec(picker=args.picker), (), DEFAULT_ROUTING_THRESHOLD_TOKENS
-        model_name, max_model_len = args.model_name, args.max_model_len
+        endpoint = parse_config({"spec": {
+            "modelName": args.model_name, "maxModelLen": args.max_model_len,
+            "pdSpec": {"router": {"picker": args.picker}, "routingThreshold": args.threshold
+                       if args.threshold is not None else DEFAULT_ROUTING_THRESHOLD_TOKENS,
+                       **({"routingPolicy": args.policy} if args.policy else {})}}}, "command line").spec
+    base = endpoint.pdSpec.router
     spec = base.model_copy(update={"host": args.host or base.host, "port": args.port or base.port})
-    return RouterSettings(
-        spec=spec,
-        model_name=model_name,
-        max_model_len=max_model_len,
-        tokenizer_path=args.tokenizer,
-        threshold_tokens=threshold if args.threshold is None else args.threshold,
-        prefill_urls=tuple(args.prefill),
-        decode_urls=tuple(args.decode),
-        is_colocated=not args.prefill,
-        tenants=tenants,
-    )
+    return RouterSettings.for_endpoint(endpoint, tokenizer_path=args.tokenizer, router=spec,
+                                       prefill_urls=tuple(args.prefill), decode_urls=tuple(args.decode),
+                                       is_colocated=not args.prefill)
 
 
 def _cmd_route(args: argparse.Namespace) -> int:
@@ -272,6 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", nargs="?", help="InferenceEndpointConfig YAML; omit for the embedded default")
     p.add_argument("--colocated", action="store_true", help="same workers without disaggregation (baseline)")
     p.add_argument("--threshold", type=int, help="override spec.pdSpec.routingThreshold")
+    p.add_argument("--policy", choices=POLICIES, help="override spec.pdSpec.routingPolicy")
     p.add_argument("--port", type=int, help="override spec.pdSpec.router.port")
     p.add_argument("--host", help="override spec.pdSpec.router.host")
     p.set_defaults(func=_cmd_serve)
@@ -284,7 +285,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-name", default="smollm2-135m", help="served model name the workers use")
     p.add_argument("--max-model-len", type=int, default=8192)
     p.add_argument("--threshold", type=int, help=f"routing threshold in tokens (default {DEFAULT_ROUTING_THRESHOLD_TOKENS})")
-    p.add_argument("--picker", default=RouterSpec().picker, choices=["least-outstanding", "power-of-two"])
+    p.add_argument("--picker", default=RouterSpec().picker, choices=PICKERS)
+    p.add_argument("--policy", choices=POLICIES, help=f"routing policy (default {PdSpec().routingPolicy})")
     p.add_argument("--port", type=int)
     p.add_argument("--host")
     p.set_defaults(func=_cmd_route)

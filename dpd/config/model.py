@@ -131,6 +131,21 @@ class TenantSpec(_Frozen):
         return digests
 
 
+class AdaptiveSpec(_Frozen):
+    """The adaptive policy's cost model (``pdSpec.routingPolicy: adaptive``). Rates are measured
+    online per worker; these priors only stand in until a worker's first measurement."""
+
+    stallWeight: float = Field(
+        default=1.0, ge=0, le=100, description="Seconds of TTFT one second of stalled decoding is worth: 0 = minimise "
+        "TTFT only (colocated-like), higher = protect running streams more (static-split-like)."
+    )
+    priorPrefillTokensPerS: float = Field(default=500.0, gt=0, description="A worker's prefill rate before it is measured.")
+    priorDecodeTokensPerS: float = Field(default=30.0, gt=0, description="One stream's decode rate before it is measured.")
+    priorSplitOverheadS: float = Field(
+        default=0.3, ge=0, description="The disaggregated path's own cost (KV pull + hop) before it is measured."
+    )
+
+
 class RouterSpec(_Frozen):
     """The router's listen address and the knobs of its P/D flow."""
 
@@ -156,6 +171,7 @@ class RouterSpec(_Frozen):
     admission: AdmissionSpec = Field(default_factory=AdmissionSpec)
     breaker: BreakerSpec = Field(default_factory=BreakerSpec)
     retry: RetrySpec = Field(default_factory=RetrySpec)
+    adaptive: AdaptiveSpec = Field(default_factory=AdaptiveSpec)
     drainTimeoutS: float = Field(
         default=120.0, gt=0, description="Longest wait for a draining worker's in-flight requests to finish: the router's "
         "drain locally; on a cluster the workers' `--shutdown-timeout` (vLLM drains on SIGTERM)."
@@ -235,7 +251,13 @@ class PdSpec(_Frozen):
     routingThreshold: int = Field(
         default=DEFAULT_ROUTING_THRESHOLD_TOKENS,
         ge=0,
-        description="Prompts with at least this many tokens take the disaggregated path; 0 = always.",
+        description="threshold policy: prompts with at least this many tokens take the disaggregated path; 0 = always. "
+        "adaptive policy: the floor below which a prompt is never disaggregated.",
+    )
+    routingPolicy: Literal["adaptive", "threshold"] = Field(
+        default="adaptive",
+        description="adaptive: every worker may run a whole request, and a cost model measured online picks between "
+        "running it whole and splitting it, per request. threshold: the static split (HyperPod's semantics).",
     )
     router: RouterSpec = Field(default_factory=RouterSpec)
     kvTransferSpec: KvTransferSpec = Field(default_factory=KvTransferSpec)

@@ -33,6 +33,9 @@ CLUSTER_NOTES = {
     "kvCacheGiB": "CPU workers (`bufferDevice: cpu`): `VLLM_CPU_KVCACHE_SPACE`; ignored on GPUs (use `--gpu-memory-utilization`).",
     "env": "Extra worker environment: UCX_TLS, UCX_NET_DEVICES, FI_PROVIDER, NCCL_* …",
     "pdSpec.routingThreshold": "Reloaded live by the router from its ConfigMap: changing it restarts nothing.",
+    "pdSpec.routingPolicy": "The router's; read at its start (switch it live with `PUT /admin/policy`). Under `adaptive` "
+    "the prefill pool's workers also run whole requests.",
+    "pdSpec.router.adaptive": "The adaptive policy's cost model: its priors and stall weight (router only).",
     "pdSpec.router": "The router Deployment (1 replica) and its Service on `port`; `host` is ignored (0.0.0.0 in a pod).",
     "pdSpec.router.host": "Local listen address; in a pod the router listens on 0.0.0.0.",
     "pdSpec.router.port": "The router's container port and its Service's port.",

@@ -71,10 +71,7 @@ def load_document(config_path: str, secrets_path: str | None) -> dict[str, Any]:
 def cluster_settings(config: InferenceEndpointConfig) -> RouterSettings:
     spec = config.spec
     router = spec.pdSpec.router.model_copy(update={"host": "0.0.0.0"})
-    return RouterSettings(
-        spec=router, model_name=spec.modelName, max_model_len=spec.maxModelLen, tokenizer_path=model_argument(config),
-        threshold_tokens=spec.pdSpec.routingThreshold, prefill_urls=(), decode_urls=(), tenants=spec.tenants,
-    )
+    return RouterSettings.for_endpoint(spec, tokenizer_path=model_argument(config), router=router)
 
 
 class ThresholdReloader:
@@ -93,10 +90,9 @@ class ThresholdReloader:
             log.warning("config reload skipped: %s", exc)
             return False
         threshold = config.spec.pdSpec.routingThreshold
-        if threshold == self._router.decider.threshold_tokens:
+        if threshold == self._router.routing.threshold_tokens:
             return False
-        self._router.decider.set_threshold(threshold)
-        self._router.metrics.threshold.set(threshold)
+        self._router.routing.set_threshold(threshold)
         log.info("routing threshold reloaded: %d tokens", threshold)
         return True
 

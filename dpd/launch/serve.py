@@ -128,7 +128,7 @@ class Endpoint:
         if server_task.done():
             self.say("router failed to start")
             return 1
-        self.say(f"ready: http://{router_spec.host}:{router_spec.port}/v1 (model {spec.modelName!r}, threshold {settings.threshold_tokens} tokens)")
+        self.say(f"ready: http://{router_spec.host}:{router_spec.port}/v1 (model {spec.modelName!r}, {settings.routing_policy} routing, threshold {settings.threshold_tokens} tokens)")
         stop_wait = asyncio.create_task(self._stop.wait())
         await asyncio.wait({stop_wait, server_task}, return_when=asyncio.FIRST_COMPLETED)
         is_router_crash = not self._stop.is_set()
@@ -149,18 +149,11 @@ class Endpoint:
         spec = self.config.spec
         prefill = [p for p in plans if p.pool == "prefill" and not self.is_colocated]
         decode = [p for p in plans if p.pool == "decode" or self.is_colocated]
-        return RouterSettings(
-            spec=spec.pdSpec.router,
-            model_name=spec.modelName,
-            max_model_len=spec.maxModelLen,
-            tokenizer_path=model_path,
-            threshold_tokens=spec.pdSpec.routingThreshold,
-            prefill_urls=tuple(p.url for p in prefill),
-            decode_urls=tuple(p.url for p in decode),
+        return RouterSettings.for_endpoint(
+            spec, tokenizer_path=model_path,
+            prefill_urls=tuple(p.url for p in prefill), decode_urls=tuple(p.url for p in decode),
+            prefill_names=tuple(p.name for p in prefill), decode_names=tuple(p.name for p in decode),
             is_colocated=self.is_colocated,
-            prefill_names=tuple(p.name for p in prefill),
-            decode_names=tuple(p.name for p in decode),
-            tenants=spec.tenants,
         )
 
     async def _wait_healthy(self, timeout_s: float) -> bool:

@@ -1,4 +1,4 @@
-"""The admin API: routing threshold, worker states, drain and resume.
+"""The admin API: routing threshold and policy, worker states, drain and resume.
 
 Every call needs the admin key (``router.adminKeySha256``, checked against the SHA-256 of the
 bearer key); with none configured the admin API is served to loopback clients only. Tenant
@@ -64,6 +64,7 @@ class AdminApi:
     def routes(self) -> list[Route]:
         return [
             Route("/admin/threshold", self.threshold, methods=["GET", "PUT"]),
+            Route("/admin/policy", self.policy, methods=["GET", "PUT"]),
             Route("/admin/workers", self.workers, methods=["GET"]),
             Route("/admin/workers/{name}/drain", self.drain, methods=["POST"]),
             Route("/admin/workers/{name}/resume", self.resume, methods=["POST"]),
@@ -90,12 +91,27 @@ class AdminApi:
             body = await _json_body(request)
             value = body.get("threshold_tokens")
             try:
-                router.decider.set_threshold(value)
+                router.routing.set_threshold(value)
             except (TypeError, ValueError) as exc:
                 raise bad_request(f'Body must be {{"threshold_tokens": <int >= 0>}}: {exc}', param="threshold_tokens") from None
-            router.metrics.threshold.set(value)
             log.info("routing threshold set to %d tokens", value)
-        return JSONResponse({"threshold_tokens": router.decider.threshold_tokens})
+        routing = router.routing
+        return JSONResponse({"threshold_tokens": routing.threshold_tokens, "policy": routing.policy,
+                             "recommended_threshold_tokens": routing.recommended_threshold(router.decode)})
+
+    async def policy(self, request: Request) -> Response:
+        """``GET`` the routing policy and the cost model's endpoint-wide measurements; ``PUT
+        {"policy": "adaptive" | "threshold"}`` switches it for requests that arrive from now on."""
+        self.authorize(request)
+        routing = self.router.routing
+        if request.method == "PUT":
+            body = await _json_body(request)
+            try:
+                routing.set_policy(body.get("policy"))  # type: ignore[arg-type]
+            except ValueError as exc:
+                raise bad_request(f"{exc}", param="policy") from None
+            log.info("routing policy set to %s", routing.policy)
+        return JSONResponse(routing.state(self.router.decode))
 
     async def workers(self, request: Request) -> Response:
         self.authorize(request)
@@ -105,7 +121,7 @@ class AdminApi:
                 "breaker": pool.breaker.state.value if pool.breaker else None,
                 "workers": [w.state() for w in pool.workers],
             }
-        return JSONResponse({"pools": pools})
+        return JSONResponse({"pools": pools, "routing": self.router.routing.state(self.router.decode)})
 
     def _worker(self, request: Request) -> Worker:
         name = request.path_params["name"]

@@ -32,17 +32,17 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from dpd.config.model import RouterSpec, TenantSpec
+from dpd.config.model import EndpointSpec, PdSpec, RouterSpec, TenantSpec
 from dpd.router.admin import AdminApi, WorkerControl
 from dpd.router.admission import gate_from_spec
 from dpd.router.breaker import BreakerState, CircuitBreaker
 from dpd.router.aggregate import StreamAggregator, is_usage_only
-from dpd.router.decide import ThresholdDecider
 from dpd.router.errors import ApiError, bad_request, model_not_found, worker_failed
 from dpd.router.flow import WORKER_ERRORS, PdFlow, RequestContext, UpstreamStream
 from dpd.router.metrics import RouterMetrics
 from dpd.router.pick import make_picker
 from dpd.router.pools import HealthProber, Pool, Worker, make_pool
+from dpd.router.routing import RoutingPolicy, priors_from
 from dpd.router.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -73,6 +73,18 @@ class RouterSettings:
     prefill_names: tuple[str, ...] = ()
     decode_names: tuple[str, ...] = ()
     tenants: tuple[TenantSpec, ...] = ()
+    routing_policy: str = PdSpec.model_fields["routingPolicy"].default
+
+    @classmethod
+    def for_endpoint(cls, endpoint: EndpointSpec, *, tokenizer_path: str, router: RouterSpec | None = None,
+                     **workers: Any) -> RouterSettings:
+        """The one way a config becomes router settings (``dpd serve``, ``dpd route --config``,
+        the cluster router); ``router`` overrides the config's listen address and knobs,
+        ``workers`` are the URLs and names the caller knows (none on a cluster: discovery adds them)."""
+        pd = endpoint.pdSpec
+        return cls(spec=router or pd.router, model_name=endpoint.modelName, max_model_len=endpoint.maxModelLen,
+                   tokenizer_path=tokenizer_path, threshold_tokens=pd.routingThreshold, tenants=endpoint.tenants,
+                   routing_policy=pd.routingPolicy, **{"prefill_urls": (), "decode_urls": (), **workers})
 
 
 class Router:
@@ -83,7 +95,8 @@ class Router:
         self.tenants = TenantRegistry(settings.tenants)
         self.prefill = self._make_pool("prefill", settings.prefill_urls, settings.prefill_names)
         self.decode = self._make_pool("decode", settings.decode_urls, settings.decode_names)
-        self.decider = ThresholdDecider(settings.threshold_tokens, is_colocated=settings.is_colocated)
+        self.routing = RoutingPolicy(settings.routing_policy, settings.threshold_tokens, spec.adaptive, self.metrics,
+                                     is_colocated=settings.is_colocated, max_model_len=settings.max_model_len)
         self.counter = TokenCounter(tokenizer or load_tokenizer(settings.tokenizer_path))
         self.picker = make_picker(spec.picker)
         self.gates = {
@@ -91,7 +104,6 @@ class Router:
             for name, a in (("prefill", spec.admission.prefill), ("decode", spec.admission.decode))
             if (gate := gate_from_spec(a)) is not None
         }
-        self.metrics.threshold.set(settings.threshold_tokens)
         self.worker_control: WorkerControl | None = None  # the launcher, when it runs the workers
         self.num_active = 0  # requests being served (streams included), for graceful shutdown
         self.is_shutting_down = False
@@ -109,6 +121,7 @@ class Router:
         return make_pool(
             name, list(urls), list(names) or None, failure_threshold=breaker.failureThreshold, open_s=breaker.openS,
             owners=self.tenants.owners(), pool_breaker=pool_breaker, on_transition=self._transition_recorder(name),
+            priors=priors_from(self.settings.spec.adaptive),
         )
 
     def _transition_recorder(self, pool: str) -> Callable[[str, BreakerState], None]:
@@ -126,7 +139,7 @@ class Router:
         self._session = aiohttp.ClientSession(connector=connector, read_bufsize=4 * 1024 * 1024)
         self.flow = PdFlow(
             self._session, self.prefill, self.decode, self.picker, self.settings.spec, self.metrics,
-            self.gates.get("prefill"), self.gates.get("decode"),
+            self.gates.get("prefill"), self.gates.get("decode"), self.routing.endpoint,
         )
         self._prober = HealthProber([self.prefill, self.decode], self._session, self.settings.spec.healthIntervalS, self._on_worker_change)
         await self._prober.probe_once()
@@ -152,6 +165,11 @@ class Router:
                 m.worker_healthy.labels(w.pool, w.name).set(1 if w.is_healthy else 0)
                 m.breaker_state.labels(w.pool, w.name).set(w.breaker.state.gauge_value)
                 m.draining.labels(w.pool, w.name).set(1 if w.is_draining else 0)
+                m.prefill_rate.labels(w.pool, w.name).set(w.load.prefill_tokens_per_s)
+                m.queued_prefill_tokens.labels(w.pool, w.name).set(w.load.queued_prefill_tokens)
+                m.streams.labels(w.pool, w.name).set(w.load.num_streams)
+        m.recommended_threshold.set(self.routing.recommended_threshold(self.decode))
+        m.adaptive_policy.set(1 if self.routing.policy == "adaptive" else 0)
         for name, gate in self.gates.items():
             m.queue_depth.labels(name).set(gate.queue_depth)
             m.admitted_in_flight.labels(name).set(gate.num_in_flight)
@@ -188,13 +206,15 @@ class Router:
             if tenant is not None:
                 self._check_tenant_limits(tenant, num_prompt_tokens)
             tenant_name = tenant.name if tenant else None
-            decision = self.decider.decide(num_prompt_tokens, has_prefill_capacity=self.prefill.is_available(tenant_name))
+            decision = self.routing.decide(num_prompt_tokens, requested_max_tokens(parsed), self.prefill, self.decode, tenant_name)
             self.metrics.decisions.labels(decision.path.value, decision.reason.value).inc()
-            ctx = RequestContext(request_id, endpoint, body, decision.path, num_prompt_tokens, tenant=tenant_name)
+            ctx = RequestContext(request_id, endpoint, body, decision, num_prompt_tokens, tenant=tenant_name)
             assert self.flow is not None
             stream = await until_disconnect(request, self.flow.open(ctx))
             path_label = stream.path_label
             headers["x-dpd-path"] = path_label
+            headers["x-dpd-reason"] = decision.reason.value
+            headers["x-dpd-workers"] = stream.served_by
             if stream.fallback_reason:
                 headers["x-dpd-fallback"] = stream.fallback_reason
             self.metrics.prompt_tokens.labels(path_label).observe(num_prompt_tokens)

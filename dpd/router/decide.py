@@ -11,11 +11,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dpd.router.pools import Worker
 
 
 class Path(str, Enum):
     DISAGGREGATED = "disaggregated"
     DIRECT = "direct"
+    FALLBACK = "fallback"  # planned disaggregated, served direct because a hop failed or stalled
 
 
 class Reason(str, Enum):
@@ -23,12 +28,31 @@ class Reason(str, Enum):
     BELOW_THRESHOLD = "below_threshold"
     PREFILL_UNAVAILABLE = "prefill_unavailable"
     COLOCATED = "colocated"
+    # The adaptive policy's (adaptive.py): why this plan beat the others.
+    SHORT_PROMPT = "short_prompt"  # below the floor (routingThreshold): never disaggregated
+    DECODER_BUSY = "decoder_busy"  # prefilling where it decodes would stall its streams
+    PREFILL_QUEUE_LONG = "prefill_queue_long"  # the prefill worker's queue makes the split slower
+    SPLIT_NO_GAIN = "split_no_gain"  # a split would add its hop and protect no stream
 
 
 @dataclass(frozen=True)
 class Decision:
+    """A path, and for the adaptive policy the workers chosen (else the flow picks them).
+
+    ``prefill`` is set only on the disaggregated path; ``decode`` is the worker that generates
+    (on the direct path, the one that runs the whole request, from either pool)."""
+
     path: Path
     reason: Reason
+    prefill: Worker | None = None
+    decode: Worker | None = None
+    predicted_ttft_s: float | None = None
+
+    @property
+    def workers_label(self) -> str:
+        """``prefill-0>decode-0`` for a split, ``decode-0`` for a whole request, ``""`` if unpicked."""
+        names = [w.name for w in (self.prefill, self.decode) if w is not None]
+        return ">".join(names)
 
 
 class ThresholdDecider:

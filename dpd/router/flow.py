@@ -42,15 +42,16 @@ import aiohttp.http_exceptions
 
 from dpd.config.model import RouterSpec
 from dpd.router.admission import AdmissionGate, admit
-from dpd.router.decide import Path
+from dpd.router.decide import Decision, Path
 from dpd.router.errors import ApiError, pool_unavailable, worker_failed, worker_timeout
+from dpd.router.load import EndpointLoad
 from dpd.router.metrics import RouterMetrics
 from dpd.router.pick import Picker
 from dpd.router.pools import Pool, Worker
 
 log = logging.getLogger(__name__)
 
-FALLBACK = "fallback"  # the path label of a disaggregated request served direct instead
+FALLBACK = Path.FALLBACK.value  # the path label of a disaggregated request served direct instead
 # NOTE: TimeoutError is an OSError; every except chain below handles timeouts first, then
 # these, then the rest of WORKER_ERRORS (which includes OSError).
 _CONNECT_ERRORS = (aiohttp.ClientConnectionError, ConnectionError)
@@ -63,10 +64,14 @@ class RequestContext:
     request_id: str
     endpoint: str  # "/v1/completions" or "/v1/chat/completions"
     body: dict[str, Any]
-    path: Path
+    decision: Decision
     num_prompt_tokens: int
     tenant: str | None = None
     started_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def path(self) -> Path:
+        return self.decision.path
 
 
 class _Stall(Exception):
@@ -76,22 +81,35 @@ class _Stall(Exception):
 class UpstreamStream:
     """An open streaming response from one worker, its first event already read."""
 
-    def __init__(self, worker: Worker, path_label: str, response: aiohttp.ClientResponse, lines: AsyncIterator[bytes]):
+    def __init__(self, worker: Worker, path_label: str, response: aiohttp.ClientResponse, lines: AsyncIterator[bytes],
+                 endpoint_load: EndpointLoad | None = None):
         self.worker = worker
         self.path_label = path_label
         self.fallback_reason: str | None = None
+        self.prefiller: str | None = None  # the worker that prefilled, on the disaggregated path
         self._response = response
         self._lines = lines
         self._pending: list[tuple[bytes, dict[str, Any] | None]] = []
         self._closed = False
+        self._endpoint_load = endpoint_load
+        self._decoding_since: float | None = None  # set once the first event arrived: the worker decodes it
+        self._num_events = 0
+        self._num_completion_tokens: int | None = None  # from the usage chunk, when it came
         self.on_close: Callable[[], None] | None = None  # releases the decode admission slot
         worker.num_in_flight += 1
+
+    @property
+    def served_by(self) -> str:
+        """``prefill-0>decode-0`` on the disaggregated path, else the one worker's name."""
+        return f"{self.prefiller}>{self.worker.name}" if self.prefiller else self.worker.name
 
     async def read_first(self) -> None:
         event = await self._next()
         if event is None:
             raise worker_failed(self.worker.pool, self.worker.name, "stream ended before the first token")
         self._pending.append(event)
+        self._decoding_since = time.monotonic()
+        self.worker.load.begin_stream()
 
     async def _next(self) -> tuple[bytes, dict[str, Any] | None] | None:
         """The next ``data:`` event as (raw line, parsed JSON or None for ``[DONE]``)."""
@@ -103,9 +121,15 @@ class UpstreamStream:
             if payload == b"[DONE]":
                 return None
             try:
-                return line, json.loads(payload)
+                event = json.loads(payload)
             except json.JSONDecodeError:
                 log.warning("unparseable event from %s: %r", self.worker.name, payload[:200])
+                continue
+            self._num_events += 1
+            usage = event.get("usage") if isinstance(event, dict) else None
+            if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+                self._num_completion_tokens = usage["completion_tokens"]
+            return line, event
         return None
 
     async def events(self) -> AsyncIterator[tuple[bytes, dict[str, Any]]]:
@@ -120,6 +144,11 @@ class UpstreamStream:
         if not self._closed:
             self._closed = True
             self.worker.num_in_flight -= 1
+            if self._decoding_since is not None:
+                num_tokens = self._num_completion_tokens if self._num_completion_tokens is not None else self._num_events
+                self.worker.load.end_stream(num_tokens, time.monotonic() - self._decoding_since)
+                if self._endpoint_load is not None and self._num_completion_tokens is not None:
+                    self._endpoint_load.output_tokens.add(self._num_completion_tokens)
             self._response.close()
             if self.on_close is not None:
                 self.on_close()
@@ -176,6 +205,7 @@ class PdFlow:
         metrics: RouterMetrics,
         prefill_gate: AdmissionGate | None = None,
         decode_gate: AdmissionGate | None = None,
+        endpoint_load: EndpointLoad | None = None,
     ):
         self._session = session
         self._prefill = prefill
@@ -185,10 +215,11 @@ class PdFlow:
         self._metrics = metrics
         self._prefill_gate = prefill_gate
         self._decode_gate = decode_gate
+        self._endpoint_load = endpoint_load
 
     async def open(self, ctx: RequestContext) -> UpstreamStream:
         """Run the hops up to the decoder's first event; return the open stream."""
-        if not self._decode.available(ctx.tenant):
+        if ctx.decision.decode is None and not self._decode.available(ctx.tenant):
             raise pool_unavailable("decode")  # before spending a prefill on it
         if ctx.path is Path.DISAGGREGATED:
             stream, reason = await self._disaggregated(ctx)
@@ -199,7 +230,7 @@ class PdFlow:
             stream = await self._admitted_to_decode(self._direct(ctx, FALLBACK))
             stream.fallback_reason = reason
             return stream
-        return await self._admitted_to_decode(self._direct(ctx, Path.DIRECT.value))
+        return await self._admitted_to_decode(self._direct(ctx, Path.DIRECT.value, first=ctx.decision.decode))
 
     async def _admitted_to_decode(self, hop: Awaitable[UpstreamStream]) -> UpstreamStream:
         """Run a decode hop holding a decode admission slot; the stream releases it on close."""
@@ -226,7 +257,7 @@ class PdFlow:
         try:
             release = await admit(self._prefill_gate, "prefill", self._metrics)
             try:
-                worker = self._prefill.pick(self._picker, ctx.tenant)
+                worker = self._take(self._prefill, ctx.decision.prefill, ctx.tenant)
                 if worker is None:
                     reason = "prefill_unavailable"
                     return None, reason
@@ -252,7 +283,25 @@ class PdFlow:
                 else:
                     pool_breaker.record_failure(reason)
 
+    def _take(self, pool: Pool, planned: Worker | None, tenant: str | None) -> Worker | None:
+        """The planned worker (the adaptive policy chose it) if it is still usable, else a pick."""
+        if planned is not None and planned in pool.available(tenant):
+            return pool.claim(planned)
+        return pool.pick(self._picker, tenant)
+
+    def _pool_of(self, worker: Worker) -> Pool:
+        return self._prefill if worker.pool == self._prefill.name else self._decode
+
     async def _prefill_hop(self, ctx: RequestContext, worker: Worker) -> tuple[dict[str, Any] | None, str]:
+        ticket = worker.load.begin_prefill(ctx.num_prompt_tokens)
+        kv_params: dict[str, Any] | None = None
+        try:
+            kv_params, reason = await self._prefill_hop_once(ctx, worker)
+            return kv_params, reason
+        finally:
+            worker.load.end_prefill(ticket, is_ok=kv_params is not None)
+
+    async def _prefill_hop_once(self, ctx: RequestContext, worker: Worker) -> tuple[dict[str, Any] | None, str]:
         breaker = worker.breaker
         started = time.monotonic()
         timeout = aiohttp.ClientTimeout(total=self._spec.prefillTimeoutS)
@@ -302,7 +351,7 @@ class PdFlow:
     ) -> tuple[UpstreamStream | None, str]:
         release = await admit(self._decode_gate, "decode", self._metrics)
         try:
-            worker = self._decode.pick(self._picker, ctx.tenant)
+            worker = self._take(self._decode, ctx.decision.decode, ctx.tenant)
             if worker is None:
                 # The prefiller frees the blocks when its lease (kvLeaseDurationS) expires.
                 raise pool_unavailable("decode")
@@ -326,16 +375,22 @@ class PdFlow:
             release()
             raise
         stream.on_close = release
+        stream.prefiller = prefiller
         return stream, ""
 
-    async def _direct(self, ctx: RequestContext, path_label: str) -> UpstreamStream:
+    async def _direct(self, ctx: RequestContext, path_label: str, first: Worker | None = None) -> UpstreamStream:
+        """The whole request on one worker: ``first`` (planned, of either pool) if still usable,
+        else — and for every retry — a decoder."""
         tried: set[str] = set()
         retry = self._spec.retry
         for attempt in range(retry.maxAttempts):
             if attempt:
                 # Full jitter: concurrent retries spread out instead of arriving together.
                 await asyncio.sleep(random.uniform(0, min(retry.backoffMaxS, retry.backoffBaseS * 2 ** (attempt - 1))))
-            worker = self._decode.pick(self._picker, ctx.tenant, exclude=frozenset(tried))
+            if attempt == 0 and first is not None and first in self._pool_of(first).available(ctx.tenant):
+                worker: Worker | None = self._pool_of(first).claim(first, with_pool_breaker=False)
+            else:
+                worker = self._decode.pick(self._picker, ctx.tenant, exclude=frozenset(tried))
             if worker is None:
                 raise pool_unavailable("decode")
             tried.add(worker.name)
@@ -359,6 +414,8 @@ class PdFlow:
         started = time.monotonic()
         resp: aiohttp.ClientResponse | None = None
         stream: UpstreamStream | None = None
+        is_whole = "kv_transfer_params" not in body  # the worker prefills too
+        ticket = worker.load.begin_prefill(ctx.num_prompt_tokens) if is_whole else None
         try:
             async with asyncio.timeout(first_token_timeout_s):
                 resp = await self._session.post(
@@ -371,8 +428,10 @@ class PdFlow:
                 )
                 if resp.status != 200:
                     raise await _error_from(resp, worker)
-                stream = UpstreamStream(worker, path_label, resp, resp.content.__aiter__())
+                stream = UpstreamStream(worker, path_label, resp, resp.content.__aiter__(), self._endpoint_load)
                 await stream.read_first()
+                if ticket is not None:
+                    worker.load.end_prefill(ticket, is_ok=True)
         except _CONNECT_ERRORS as exc:  # includes aiohttp's connect/read timeouts
             self._discard(stream, resp)
             worker.breaker.record_failure(f"decode hop: {exc.__class__.__name__}", is_definite=True)
@@ -396,8 +455,14 @@ class PdFlow:
             self._discard(stream, resp)
             worker.breaker.record_neutral()
             raise
+        finally:
+            if ticket is not None:
+                worker.load.end_prefill(ticket, is_ok=False)  # a no-op once it succeeded
         worker.breaker.record_success()
-        self._metrics.decode_hop_first_token.labels(path_label).observe(time.monotonic() - started)
+        first_token_s = time.monotonic() - started
+        self._metrics.decode_hop_first_token.labels(path_label).observe(first_token_s)
+        if not is_whole and self._endpoint_load is not None:
+            self._endpoint_load.split_overhead.add(first_token_s)  # KV pull + a step + the hop
         return stream
 
     @staticmethod

@@ -52,6 +52,18 @@ class RouterMetrics:
         self.in_flight = Gauge("dpd_worker_in_flight", "Outstanding requests per worker.", ["pool", "worker"], registry=r)
         self.worker_healthy = Gauge("dpd_worker_healthy", "1 if the worker passes health checks.", ["pool", "worker"], registry=r)
         self.threshold = Gauge("dpd_routing_threshold_tokens", "Current routing threshold.", registry=r)
+        self.recommended_threshold = Gauge(
+            "dpd_recommended_threshold_tokens", "The static threshold the router's measurements favour (adaptive.py).", registry=r
+        )
+        self.adaptive_policy = Gauge("dpd_routing_policy_adaptive", "1 while the adaptive policy is in force, 0 threshold.", registry=r)
+        self.prefill_rate = Gauge(
+            "dpd_worker_prefill_tokens_per_second", "Measured prefill rate per worker (EWMA).", ["pool", "worker"], registry=r
+        )
+        self.queued_prefill_tokens = Gauge(
+            "dpd_worker_queued_prefill_tokens", "Prompt tokens sent to the worker whose prefill has not finished.",
+            ["pool", "worker"], registry=r,
+        )
+        self.streams = Gauge("dpd_worker_streams", "Requests decoding on the worker.", ["pool", "worker"], registry=r)
         self.client_disconnects = Counter(
             "dpd_client_disconnects", "Requests aborted because the client went away.", ["path"], registry=r
         )

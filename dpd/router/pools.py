@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from typing import Protocol
 import aiohttp
 
 from dpd.router.breaker import BreakerState, CircuitBreaker
+from dpd.router.load import LoadPriors, WorkerLoad
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class Worker:
     num_in_flight: int = 0
     is_draining: bool = False
     has_been_up: bool = False
-    changed_at: float = field(default_factory=time.monotonic)
+    load: WorkerLoad = field(default_factory=WorkerLoad)  # what the router measures of its work
 
     def __post_init__(self) -> None:
         if self.breaker is None:
@@ -83,6 +83,7 @@ class Worker:
             "in_flight": self.num_in_flight,
             "dedicated_to": self.owner,
             "last_error": self.breaker.last_error,
+            **self.load.state(),
         }
 
 
@@ -137,10 +138,15 @@ class Pool:
 
     def pick(self, picker: _Picker, tenant: str | None = None, exclude: frozenset[str] = frozenset()) -> Worker | None:
         worker = picker.pick(self.available(tenant), exclude=exclude)
-        if worker is not None:
-            worker.breaker.begin()
-            if self.breaker is not None:
-                self.breaker.begin()
+        return None if worker is None else self.claim(worker)
+
+    def claim(self, worker: Worker, *, with_pool_breaker: bool = True) -> Worker:
+        """Send a request to ``worker`` (picked, or planned by the adaptive policy): in half-open
+        it is the breaker's trial. A whole request on a prefill worker is no disaggregated
+        attempt, so it leaves the pool's breaker alone (``with_pool_breaker=False``)."""
+        worker.breaker.begin()
+        if self.breaker is not None and with_pool_breaker:
+            self.breaker.begin()
         return worker
 
     def _usable(self, tenant: str | None) -> list[Worker]:
@@ -165,6 +171,7 @@ def make_pool(
     owners: dict[str, str] | None = None,
     pool_breaker: CircuitBreaker | None = None,
     on_transition: Callable[[str, BreakerState], None] | None = None,
+    priors: LoadPriors | None = None,
 ) -> Pool:
     """A pool of workers named ``worker_names`` (the launcher's names) or ``<pool>-<i>``.
     Workers start open (unseen) until their first good probe."""
@@ -175,7 +182,8 @@ def make_pool(
 
     def new_worker(worker_name: str, url: str) -> Worker:
         breaker = CircuitBreaker(worker_name, failure_threshold, open_s, on_transition=on_transition, state=BreakerState.OPEN)
-        return Worker(worker_name, url.rstrip("/"), name, breaker, owner=owners.get(worker_name))
+        return Worker(worker_name, url.rstrip("/"), name, breaker, owner=owners.get(worker_name),
+                      load=WorkerLoad(priors or LoadPriors()))
 
     return Pool(name, [new_worker(n, url) for n, url in zip(names, urls)], pool_breaker, new_worker)
 

@@ -12,7 +12,8 @@ def test_embedded_default_is_one_prefill_one_decode():
     config = load_config()
     pd = config.spec.pdSpec
     assert (pd.prefillSpec.replicas, pd.decodingSpec.replicas) == (1, 1)
-    assert pd.routingThreshold == DEFAULT_ROUTING_THRESHOLD_TOKENS == 2048
+    assert DEFAULT_ROUTING_THRESHOLD_TOKENS == 2048  # an omitted routingThreshold
+    assert (pd.routingPolicy, pd.routingThreshold) == ("adaptive", 512)  # the adaptive policy's floor
     assert config.spec.modelSourceConfig.modelSourceType == "bundled"
 
 

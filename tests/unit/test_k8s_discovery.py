@@ -12,7 +12,8 @@ from aiohttp.test_utils import TestServer
 from dpd.k8s.api import KubeApi
 from dpd.k8s.discovery import Endpoint, EndpointSliceWatcher, ready_endpoints
 from dpd.k8s.router_main import ThresholdReloader, load_document, on_group_change, sync_pool
-from dpd.router.decide import ThresholdDecider
+from dpd.config.model import AdaptiveSpec
+from dpd.router.routing import RoutingPolicy
 from dpd.router.metrics import RouterMetrics
 from dpd.router.pools import make_pool
 
@@ -162,11 +163,11 @@ def test_threshold_reloads_from_the_mounted_config(tmp_path):
     secrets = tmp_path / "secrets.yaml"
     config.write_text("kind: InferenceEndpointConfig\nspec: {pdSpec: {routingThreshold: 2048}}\n")
     secrets.write_text("adminKeySha256: abababababababababababababababababababababababababababababababab\n")
-    router = SimpleNamespace(decider=ThresholdDecider(2048), metrics=RouterMetrics())
+    router = SimpleNamespace(routing=RoutingPolicy("threshold", 2048, AdaptiveSpec(), RouterMetrics()))
     reloader = ThresholdReloader(router, str(config), str(secrets))
     assert reloader.reload_once() is False
     config.write_text("kind: InferenceEndpointConfig\nspec: {pdSpec: {routingThreshold: 512}}\n")
-    assert reloader.reload_once() is True and router.decider.threshold_tokens == 512
+    assert reloader.reload_once() is True and router.routing.threshold_tokens == 512
     config.write_text("kind: InferenceEndpointConfig\nspec: {pdSpec: {routingThreshold: -5}}\n")
-    assert reloader.reload_once() is False and router.decider.threshold_tokens == 512  # a bad file keeps the value
+    assert reloader.reload_once() is False and router.routing.threshold_tokens == 512  # a bad file keeps the value
     assert load_document(str(config), str(secrets))["spec"]["pdSpec"]["router"] == {"adminKeySha256": "abababababababababababababababababababababababababababababababab"}

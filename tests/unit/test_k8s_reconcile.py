@@ -16,7 +16,8 @@ import yaml
 from dpd.k8s.install import operator_manifests
 from dpd.k8s.reconcile import LAST_APPLIED, merge_patch, plan_update, reconcile
 from dpd.k8s.router_main import ThresholdReloader
-from dpd.router.decide import ThresholdDecider
+from dpd.config.model import AdaptiveSpec
+from dpd.router.routing import RoutingPolicy
 from dpd.router.metrics import RouterMetrics
 from tests.unit.k8s_fake import FakeApiServer, apply_merge_patch
 
@@ -113,9 +114,9 @@ async def test_threshold_change_reaches_the_router_without_restarting_anything(t
     # step 2: the kubelet refreshes the mounted file; the running router reloads it live
     mounted = tmp_path / "config.yaml"
     mounted.write_text(api.objects[f"{CONFIGMAPS}/smollm2-minimal-config"]["data"]["config.yaml"])
-    router = SimpleNamespace(decider=ThresholdDecider(2048), metrics=RouterMetrics())
+    router = SimpleNamespace(routing=RoutingPolicy("threshold", 2048, AdaptiveSpec(), RouterMetrics()))
     assert ThresholdReloader(router, str(mounted), None).reload_once()
-    assert router.decider.threshold_tokens == 512
+    assert router.routing.threshold_tokens == 512
 
 
 async def test_engine_args_change_rolls_only_that_pool():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import httpx
 import pytest
@@ -95,6 +96,7 @@ async def make_router():
         decode: ScriptedWorker | list[ScriptedWorker],
         threshold: int = 0,
         tenants: tuple = (),
+        policy: str = "threshold",
         **spec,
     ) -> httpx.AsyncClient:
         prefills = prefill if isinstance(prefill, list) else [prefill] if prefill else []
@@ -105,7 +107,7 @@ async def make_router():
         settings = RouterSettings(
             spec=RouterSpec(healthIntervalS=0.2, **spec), model_name="m", max_model_len=1000, tokenizer_path="",
             threshold_tokens=threshold, prefill_urls=tuple(w.url for w in prefills), decode_urls=tuple(w.url for w in decodes),
-            is_colocated=not prefills, tenants=tuple(tenants),
+            is_colocated=not prefills, tenants=tuple(tenants), routing_policy=policy,
         )
         router = Router(settings, tokenizer=WordTokenizer())
         await router.start()
@@ -116,9 +118,28 @@ async def make_router():
 
     yield make
     for router, workers in started:
+        await assert_idle(router)
         await router.stop()
         for w in workers:
             await w.server.close()
+
+
+async def assert_idle(router: Router, wait_s: float = 2.0) -> None:
+    """After a flow test nothing a request took is still held: in-flight counts, queued prefill
+    tokens, decode streams, admission slots (as vLLM's tests assert an empty scheduler)."""
+
+    def held() -> list[str]:
+        found = [f"{w.name}: in_flight={w.num_in_flight} queued={w.load.queued_prefill_tokens} streams={w.load.num_streams}"
+                 for pool in (router.prefill, router.decode) for w in pool.workers
+                 if w.num_in_flight or w.load.queued_prefill_tokens or w.load.num_streams or w.load.num_prefills]
+        found += [f"gate {name}: {gate.num_in_flight}" for name, gate in router.gates.items() if gate.num_in_flight]
+        return found + ([f"{router.num_active} active requests"] if router.num_active else [])
+
+    for _ in range(int(wait_s / 0.05)):
+        if not held():
+            return
+        await asyncio.sleep(0.05)
+    assert not held(), held()
 
 
 def metric(router_text: str, name: str) -> float:
@@ -212,3 +233,73 @@ async def test_tokenizer_endpoints_refuse_bad_input_with_openai_errors(make_rout
     assert resp.status_code == status
     error = resp.json()["error"]
     assert error["message"] and (param is None or error["param"] == param)
+
+
+# -- the adaptive policy (its decisions are table-tested in test_adaptive.py) -------------------------
+
+async def test_adaptive_idle_endpoint_runs_a_long_prompt_whole_on_a_decoder(make_router):
+    prefill, decode = ScriptedWorker(), ScriptedWorker()
+    client = await make_router(prefill, decode, policy="adaptive")
+    resp = await client.post("/v1/completions", json=BODY)
+    assert resp.status_code == 200 and resp.json()["choices"][0]["text"] == "abc"
+    assert (resp.headers["x-dpd-path"], resp.headers["x-dpd-reason"], resp.headers["x-dpd-workers"]) == (
+        "direct", "split_no_gain", "decode-0")
+    assert prefill.bodies == [] and "kv_transfer_params" not in decode.bodies[0]
+
+
+async def test_adaptive_idle_prefill_worker_takes_a_whole_request_while_the_decoder_streams(make_router):
+    prefill, decode = ScriptedWorker(), ScriptedWorker(token_delay_s=0.4)
+    client = await make_router(prefill, decode, policy="adaptive")
+    first = asyncio.create_task(client.post("/v1/completions", json=BODY))
+    for _ in range(100):  # until the decoder streams the first request
+        await asyncio.sleep(0.02)
+        if client.router.decode.workers[0].load.num_streams:
+            break
+    second = await client.post("/v1/completions", json=BODY)
+    assert (second.headers["x-dpd-path"], second.headers["x-dpd-workers"]) == ("direct", "prefill-0")
+    assert len(prefill.bodies) == 1 and "kv_transfer_params" not in prefill.bodies[0]  # a plain, whole request
+    assert (await first).headers["x-dpd-workers"] == "decode-0"
+
+
+async def test_adaptive_splits_when_the_decoder_streams_and_the_prefill_worker_prefills(make_router):
+    prefill, decode = ScriptedWorker(), ScriptedWorker(token_delay_s=0.4)
+    client = await make_router(prefill, decode, policy="adaptive")
+    p = client.router.prefill.workers[0]
+    p.load._add_busy(40.0, time.monotonic())  # it spent most of the last minute prefilling
+    first = asyncio.create_task(client.post("/v1/completions", json={**BODY, "max_tokens": 100}))
+    for _ in range(100):
+        await asyncio.sleep(0.02)
+        if client.router.decode.workers[0].load.num_streams:
+            break
+    long_body = {**BODY, "prompt": " ".join(["w"] * 600), "max_tokens": 100}
+    resp = await client.post("/v1/completions", json=long_body)
+    assert (resp.headers["x-dpd-path"], resp.headers["x-dpd-reason"], resp.headers["x-dpd-workers"]) == (
+        "disaggregated", "decoder_busy", "prefill-0>decode-0")
+    assert prefill.bodies[0]["kv_transfer_params"]["do_remote_decode"] is True
+    await first
+    state = (await client.get("/admin/workers")).json()
+    assert state["routing"]["policy"] == "adaptive" and state["routing"]["split_overhead_samples"] == 1
+    assert state["pools"]["prefill"]["workers"][0]["prefill_rate_samples"] == 1  # 600 tokens: sampled
+
+
+async def test_adaptive_planned_worker_gone_is_replaced_by_a_pick(make_router):
+    prefill, decode = ScriptedWorker(), ScriptedWorker()
+    client = await make_router(prefill, decode, policy="adaptive")
+    await decode.server.close()  # the plan may name it; the flow must not send there blindly
+    for _ in range(3):
+        resp = await client.post("/v1/completions", json=BODY)
+    assert resp.status_code == 200 and resp.headers["x-dpd-workers"] == "prefill-0"
+
+
+async def test_admin_policy_switches_and_refuses_bad_values(make_router):
+    prefill, decode = ScriptedWorker(), ScriptedWorker()
+    client = await make_router(prefill, decode, policy="adaptive", threshold=0)
+    bad = await client.put("/admin/policy", json={"policy": "fastest"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "policy"
+    assert (await client.put("/admin/policy", json={"policy": "threshold"})).json()["policy"] == "threshold"
+    resp = await client.post("/v1/completions", json=BODY)
+    assert (resp.headers["x-dpd-path"], resp.headers["x-dpd-reason"]) == ("disaggregated", "above_threshold")
+    text = (await client.get("/metrics")).text
+    assert metric(text, "dpd_routing_policy_adaptive") == 0
+    assert metric(text, 'dpd_worker_queued_prefill_tokens{pool="prefill",worker="prefill-0"}') == 0
+    assert "recommended_threshold_tokens" in (await client.get("/admin/threshold")).json()

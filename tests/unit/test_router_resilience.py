@@ -158,7 +158,7 @@ async def test_admin_key_is_checked_against_its_hash(make_router):
     assert (await client.get("/admin/threshold")).status_code == 401
     assert (await client.get("/admin/threshold", headers=auth("a"))).status_code == 401  # a tenant key is no admin key
     ok = await client.put("/admin/threshold", json={"threshold_tokens": 7}, headers={"Authorization": "Bearer admin-secret"})
-    assert ok.status_code == 200 and ok.json() == {"threshold_tokens": 7}
+    assert ok.status_code == 200 and ok.json()["threshold_tokens"] == 7
     bad = await client.put("/admin/threshold", json={"threshold_tokens": -1}, headers={"Authorization": "Bearer admin-secret"})
     assert bad.status_code == 400
 

@@ -1,0 +1,165 @@
+"""What the router measures of each worker while it serves: the live state a cost model reads.
+
+Everything here comes from traffic the router itself routes — no worker is asked and no rate is
+a constant in the code (the config's priors only stand in until the first measurement):
+
+* ``queued_prefill_tokens`` — prompt tokens sent to the worker whose prefill has not finished
+  (the prefill hop has not answered, or a whole request has not streamed its first token);
+* ``num_streams`` — requests decoding on the worker (first token seen, stream still open);
+* ``prefill_tokens_per_s`` — measured prefill rate. The worker is treated as one server that
+  works through its prefills in order: a prefill's *service time* runs from when it was sent or
+  the previous prefill on the worker finished, whichever is later, to its own end; the sample
+  is its tokens over that time, smoothed (EWMA). Prompts shorter than ``min_sample_tokens`` are
+  not sampled: their time is mostly fixed per-request overhead, not prefill;
+* ``prefill_utilization`` — the share of recent time the worker spent prefilling (an
+  exponentially decayed sum of service times over ``window_s``): how much a stream placed on
+  it can expect to be stalled;
+* ``decode_tokens_per_s`` — one stream's measured generation rate on the worker.
+
+``EndpointLoad`` holds what is not per worker: the disaggregated path's own overhead (the
+decode hop's first-token latency: the KV pull plus one step and a hop) and the typical output
+length, both smoothed. A clock is injected so tests drive time by hand.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+Clock = Callable[[], float]
+
+
+class Ewma:
+    """An exponentially weighted mean that starts at a prior and counts its samples."""
+
+    def __init__(self, prior: float, alpha: float = 0.3):
+        if not 0 < alpha <= 1:
+            raise ValueError(f"alpha must be in (0, 1], got {alpha}")
+        self.value = prior
+        self.alpha = alpha
+        self.num_samples = 0
+
+    def add(self, sample: float) -> None:
+        if not math.isfinite(sample):
+            return
+        self.value = sample if self.num_samples == 0 else self.value + self.alpha * (sample - self.value)
+        self.num_samples += 1
+
+
+@dataclass
+class PrefillTicket:
+    """One prefill in flight on a worker; ``WorkerLoad.end_prefill`` closes it exactly once."""
+
+    num_tokens: int
+    sent_at: float
+    is_open: bool = True
+
+
+@dataclass(frozen=True)
+class LoadPriors:
+    """Values used until a worker has been measured (the config's ``router.adaptive``)."""
+
+    prefill_tokens_per_s: float = 500.0
+    decode_tokens_per_s: float = 30.0
+    split_overhead_s: float = 0.3
+    output_tokens: float = 128.0
+
+
+class WorkerLoad:
+    def __init__(self, priors: LoadPriors = LoadPriors(), clock: Clock = time.monotonic, *,
+                 window_s: float = 60.0, min_sample_tokens: int = 128):
+        self._clock = clock
+        self.window_s = window_s
+        self.min_sample_tokens = min_sample_tokens
+        self.queued_prefill_tokens = 0
+        self.num_prefills = 0
+        self.num_streams = 0
+        self.prefill_rate = Ewma(priors.prefill_tokens_per_s)
+        self.decode_rate = Ewma(priors.decode_tokens_per_s)
+        self._last_prefill_end = -math.inf
+        self._busy_s = 0.0  # decayed sum of service times
+        self._busy_at = clock()
+
+    # -- prefill ---------------------------------------------------------------------------------
+    def begin_prefill(self, num_tokens: int) -> PrefillTicket:
+        self.queued_prefill_tokens += num_tokens
+        self.num_prefills += 1
+        return PrefillTicket(num_tokens, self._clock())
+
+    def end_prefill(self, ticket: PrefillTicket, *, is_ok: bool) -> None:
+        """The prefill finished (``is_ok``) or was abandoned; only finished ones are measured."""
+        if not ticket.is_open:
+            return
+        ticket.is_open = False
+        self.queued_prefill_tokens -= ticket.num_tokens
+        self.num_prefills -= 1
+        if not is_ok:
+            return
+        now = self._clock()
+        started = max(ticket.sent_at, self._last_prefill_end)
+        self._last_prefill_end = now
+        service_s = max(now - started, 1e-3)
+        self._add_busy(service_s, now)
+        if ticket.num_tokens >= self.min_sample_tokens:
+            self.prefill_rate.add(ticket.num_tokens / service_s)
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        return max(self.prefill_rate.value, 1.0)
+
+    def prefill_s(self, num_tokens: int) -> float:
+        """Predicted time until a prefill of ``num_tokens`` sent now finishes (queue included)."""
+        return (self.queued_prefill_tokens + num_tokens) / self.prefill_tokens_per_s
+
+    def prefill_utilization(self) -> float:
+        now = self._clock()
+        return min(1.0, self._decayed(now) / self.window_s)
+
+    def _decayed(self, now: float) -> float:
+        return self._busy_s * math.exp(-max(0.0, now - self._busy_at) / self.window_s)
+
+    def _add_busy(self, service_s: float, now: float) -> None:
+        self._busy_s = self._decayed(now) + service_s
+        self._busy_at = now
+
+    # -- decode ----------------------------------------------------------------------------------
+    def begin_stream(self) -> None:
+        self.num_streams += 1
+
+    def end_stream(self, num_tokens: int, decode_s: float) -> None:
+        """A stream that began (first token) ``decode_s`` ago ended after ``num_tokens`` tokens."""
+        self.num_streams -= 1
+        if num_tokens >= 8 and decode_s > 0:
+            self.decode_rate.add((num_tokens - 1) / decode_s)
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        return max(self.decode_rate.value, 0.1)
+
+    def state(self) -> dict:
+        return {
+            "queued_prefill_tokens": self.queued_prefill_tokens,
+            "prefills": self.num_prefills,
+            "streams": self.num_streams,
+            "prefill_tokens_per_s": round(self.prefill_tokens_per_s, 1),
+            "prefill_rate_samples": self.prefill_rate.num_samples,
+            "prefill_utilization": round(self.prefill_utilization(), 3),
+            "decode_tokens_per_s": round(self.decode_tokens_per_s, 2),
+        }
+
+
+@dataclass
+class EndpointLoad:
+    """Measurements that belong to the endpoint, not one worker."""
+
+    priors: LoadPriors = field(default_factory=LoadPriors)
+    split_overhead: Ewma = field(init=False)
+    output_tokens: Ewma = field(init=False)
+    streams_per_decoder: Ewma = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.split_overhead = Ewma(self.priors.split_overhead_s)
+        self.output_tokens = Ewma(self.priors.output_tokens, alpha=0.1)
+        self.streams_per_decoder = Ewma(0.0, alpha=0.1)

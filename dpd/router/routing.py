@@ -1,0 +1,94 @@
+"""The routing policy in force: which decider runs, its threshold, and what it reads.
+
+Two policies (``pdSpec.routingPolicy``), switchable at runtime (``PUT /admin/policy``):
+
+* ``threshold`` — ``decide.ThresholdDecider`` over the static split: prompts of at least
+  ``routingThreshold`` tokens are disaggregated, the flow picks the workers.
+* ``adaptive`` — ``adaptive.AdaptiveDecider``: every worker may run a whole request, a cost
+  model measured online chooses the plan and its workers; ``routingThreshold`` is its floor.
+
+Under either policy the router measures the same things (``load.py``) and reports the static
+threshold those measurements favour (``recommended_threshold``), so a user tuning the threshold
+by hand sees the measured answer. ``set_threshold`` is the one place the threshold and its
+gauge change (admin API, the cluster router's config reload).
+"""
+
+from __future__ import annotations
+
+from typing import get_args
+
+from dpd.config.model import AdaptiveSpec, PdSpec
+from dpd.router.adaptive import AdaptiveDecider, Candidates, recommended_threshold
+from dpd.router.decide import Decision, ThresholdDecider
+from dpd.router.load import EndpointLoad, LoadPriors
+from dpd.router.metrics import RouterMetrics
+from dpd.router.pools import Pool
+
+POLICIES: tuple[str, ...] = get_args(PdSpec.model_fields["routingPolicy"].annotation)
+
+
+def priors_from(spec: AdaptiveSpec) -> LoadPriors:
+    return LoadPriors(prefill_tokens_per_s=spec.priorPrefillTokensPerS, decode_tokens_per_s=spec.priorDecodeTokensPerS,
+                      split_overhead_s=spec.priorSplitOverheadS)
+
+
+class RoutingPolicy:
+    def __init__(self, policy: str, threshold_tokens: int, spec: AdaptiveSpec, metrics: RouterMetrics, *,
+                 is_colocated: bool = False, max_model_len: int = 8192):
+        self._metrics = metrics
+        self.spec = spec
+        self.max_model_len = max_model_len
+        self.endpoint = EndpointLoad(priors_from(spec))
+        self.threshold = ThresholdDecider(threshold_tokens, is_colocated=is_colocated)
+        self.adaptive = AdaptiveDecider(threshold_tokens, self.endpoint, stall_weight=spec.stallWeight,
+                                        is_colocated=is_colocated)
+        self.set_policy(policy)
+        metrics.threshold.set(threshold_tokens)
+
+    @property
+    def policy(self) -> str:
+        return self._policy
+
+    def set_policy(self, policy: str) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+        self._policy = policy
+
+    @property
+    def threshold_tokens(self) -> int:
+        return self.threshold.threshold_tokens
+
+    def set_threshold(self, threshold_tokens: int) -> None:
+        self.threshold.set_threshold(threshold_tokens)  # validates
+        self.adaptive.set_threshold(threshold_tokens)
+        self._metrics.threshold.set(threshold_tokens)
+
+    def decide(self, num_prompt_tokens: int, num_output_tokens: int | None, prefill: Pool, decode: Pool,
+               tenant: str | None) -> Decision:
+        if decode.workers:  # the load a typical decoder carries, for the recommended threshold
+            self.endpoint.streams_per_decoder.add(sum(w.load.num_streams for w in decode.workers) / len(decode.workers))
+        if self._policy == "threshold":
+            return self.threshold.decide(num_prompt_tokens, has_prefill_capacity=prefill.is_available(tenant))
+        decoders = decode.available(tenant)
+        others = prefill.available(tenant)
+        prefillers = others if prefill.breaker is None or prefill.breaker.allows_request() else []
+        plan = self.adaptive.plan(num_prompt_tokens, num_output_tokens, Candidates(prefillers, decoders, others))
+        if plan is None:  # no worker at all: the flow answers 503 naming the decode pool
+            return self.threshold.decide(num_prompt_tokens, has_prefill_capacity=False)
+        return plan
+
+    def recommended_threshold(self, decode: Pool) -> int:
+        return recommended_threshold(self.endpoint, decode.workers, stall_weight=self.spec.stallWeight,
+                                     max_model_len=self.max_model_len)
+
+    def state(self, decode: Pool) -> dict:
+        return {
+            "policy": self._policy,
+            "threshold_tokens": self.threshold_tokens,
+            "recommended_threshold_tokens": self.recommended_threshold(decode),
+            "stall_weight": self.spec.stallWeight,
+            "split_overhead_s": round(self.endpoint.split_overhead.value, 4),
+            "split_overhead_samples": self.endpoint.split_overhead.num_samples,
+            "mean_output_tokens": round(self.endpoint.output_tokens.value, 1),
+            "streams_per_decoder": round(self.endpoint.streams_per_decoder.value, 3),
+        }

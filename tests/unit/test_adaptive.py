@@ -1,0 +1,166 @@
+"""The adaptive policy's decision on hand-made worker states, and the load it measures.
+
+Each row builds workers whose measured state (queued prefill tokens, streams, prefill rate,
+utilization) is set by hand, and checks the plan and its reason: every reason is reached.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from dpd.router.adaptive import AdaptiveDecider, Candidates, recommended_threshold
+from dpd.router.decide import Path, Reason
+from dpd.router.load import EndpointLoad, LoadPriors, WorkerLoad
+from dpd.router.pools import Worker
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def worker(name: str, *, queued: int = 0, streams: int = 0, rate: float = 500.0, busy_s: float = 0.0) -> Worker:
+    clock = FakeClock()
+    load = WorkerLoad(LoadPriors(prefill_tokens_per_s=rate), clock)
+    load.queued_prefill_tokens = queued
+    load.num_streams = streams
+    if busy_s:
+        load._add_busy(busy_s, clock.now)  # the share of the last minute it spent prefilling
+    return Worker(name, f"http://{name}", name.split("-")[0], load=load)
+
+
+def decider(floor: int = 0, *, overhead_s: float = 0.3, stall_weight: float = 1.0, colocated: bool = False) -> AdaptiveDecider:
+    return AdaptiveDecider(floor, EndpointLoad(LoadPriors(split_overhead_s=overhead_s)), stall_weight=stall_weight,
+                           is_colocated=colocated)
+
+
+# (case, prefill worker state, decode worker state, prompt tokens, floor, expected path, reason, workers)
+CASES = [
+    ("idle endpoint: nothing to protect, whole on the decoder", {}, {}, 3000, 0,
+     Path.DIRECT, Reason.SPLIT_NO_GAIN, "decode-0"),
+    ("decoder streaming, prefill worker busy prefilling: split protects the streams", {"busy_s": 30}, {"streams": 4},
+     3000, 0, Path.DISAGGREGATED, Reason.DECODER_BUSY, "prefill-0>decode-0"),
+    ("decoder streaming, prefill worker idle: the idle prefill worker takes the whole request", {}, {"streams": 4},
+     3000, 0, Path.DIRECT, Reason.SPLIT_NO_GAIN, "prefill-0"),
+    ("prefill worker queued: whole on the idle decoder, not behind the queue", {"queued": 6000}, {"streams": 1}, 3000, 0,
+     Path.DIRECT, Reason.PREFILL_QUEUE_LONG, "decode-0"),
+    ("below the floor: never split, placed on the less loaded worker", {}, {"streams": 4}, 100, 512,
+     Path.DIRECT, Reason.SHORT_PROMPT, "prefill-0"),
+    ("below the floor, idle: the decoder (preferred role) wins the tie", {}, {}, 100, 512,
+     Path.DIRECT, Reason.SHORT_PROMPT, "decode-0"),
+    ("both stream: the one with fewer streams prefills (split)", {"streams": 1, "busy_s": 30}, {"streams": 6}, 3000, 0,
+     Path.DISAGGREGATED, Reason.DECODER_BUSY, "prefill-0>decode-0"),
+    ("decoder busy with streams and a queue: whole on the prefill worker", {"queued": 500}, {"streams": 8, "queued": 4000},
+     3000, 0, Path.DIRECT, Reason.SPLIT_NO_GAIN, "prefill-0"),
+]
+
+
+@pytest.mark.parametrize("case, p_state, d_state, n, floor, path, reason, workers", CASES, ids=[c[0] for c in CASES])
+def test_plan_and_reason(case, p_state, d_state, n, floor, path, reason, workers):
+    p, d = worker("prefill-0", **p_state), worker("decode-0", **d_state)
+    plan = decider(floor).plan(n, 64, Candidates(prefillers=[p], decoders=[d], others=[p]))
+    assert (plan.path, plan.reason, plan.workers_label) == (path, reason, workers)
+    assert plan.predicted_ttft_s is not None and plan.predicted_ttft_s > 0
+
+
+def test_prefill_pool_unavailable_means_whole_requests_only():
+    p, d = worker("prefill-0"), worker("decode-0", streams=6)
+    plan = decider().plan(3000, 64, Candidates(prefillers=[], decoders=[d], others=[p]))
+    assert (plan.path, plan.reason, plan.workers_label) == (Path.DIRECT, Reason.PREFILL_UNAVAILABLE, "prefill-0")
+
+
+def test_colocated_places_whole_requests_only():
+    a, b = worker("decode-0", streams=2), worker("decode-1")
+    plan = decider(colocated=True).plan(3000, 64, Candidates(prefillers=[], decoders=[a, b]))
+    assert (plan.path, plan.reason, plan.workers_label) == (Path.DIRECT, Reason.COLOCATED, "decode-1")
+
+
+def test_no_worker_at_all_is_no_plan():
+    assert decider().plan(100, 10, Candidates(prefillers=[], decoders=[])) is None
+
+
+def test_stall_weight_zero_minimises_ttft_only():
+    """With no weight on stalls the policy is colocated-like: the split's overhead never pays."""
+    p, d = worker("prefill-0"), worker("decode-0", streams=8)
+    plan = decider(stall_weight=0).plan(3000, 64, Candidates(prefillers=[p], decoders=[d], others=[p]))
+    assert plan.path is Path.DIRECT
+
+
+def test_a_decoder_that_prefills_a_lot_repels_new_streams():
+    """Exposure: a stream placed where prefills keep running will be stalled by them."""
+    busy = worker("decode-0", busy_s=45.0)  # 75% of the last minute prefilling
+    calm = worker("decode-1")
+    plan = decider().plan(50, 256, Candidates(prefillers=[], decoders=[busy, calm]))
+    assert plan.workers_label == "decode-1"
+
+
+def test_predicted_ttft_counts_the_queue_ahead():
+    p = worker("prefill-0", queued=1000, rate=500)
+    d = worker("decode-0", streams=10)
+    plan = decider(overhead_s=0.5).plan(1000, 64, Candidates(prefillers=[p], decoders=[d]))
+    assert plan.path is Path.DISAGGREGATED and plan.predicted_ttft_s == pytest.approx(2000 / 500 + 0.5)
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "512", None, True])
+def test_floor_is_validated(bad):
+    with pytest.raises(ValueError):
+        decider().set_threshold(bad)
+
+
+# -- the measurements ----------------------------------------------------------------------------
+
+def test_prefill_rate_is_measured_from_service_times_in_order():
+    clock = FakeClock()
+    load = WorkerLoad(LoadPriors(prefill_tokens_per_s=100.0), clock)
+    a = load.begin_prefill(1000)
+    b = load.begin_prefill(2000)  # sent together: b waits for a on the worker
+    assert load.queued_prefill_tokens == 3000 and load.prefill_s(0) == pytest.approx(30.0)  # the prior
+    clock.now += 2.0
+    load.end_prefill(a, is_ok=True)  # 1000 tokens in 2 s
+    assert load.prefill_tokens_per_s == pytest.approx(500.0)
+    clock.now += 4.0
+    load.end_prefill(b, is_ok=True)  # its service began when a ended: 2000 tokens in 4 s
+    assert load.prefill_tokens_per_s == pytest.approx(500.0)
+    assert load.queued_prefill_tokens == 0 and load.num_prefills == 0
+    assert load.prefill_utilization() == pytest.approx(6.0 / 60.0, rel=0.05)  # 2 s of it decayed for 4 s
+
+
+def test_failed_or_short_prefills_are_not_sampled_and_tickets_close_once():
+    clock = FakeClock()
+    load = WorkerLoad(LoadPriors(prefill_tokens_per_s=100.0), clock)
+    failed, short = load.begin_prefill(1000), load.begin_prefill(10)
+    clock.now += 1.0
+    load.end_prefill(failed, is_ok=False)
+    load.end_prefill(failed, is_ok=True)  # a second end is a no-op
+    load.end_prefill(short, is_ok=True)
+    assert load.prefill_rate.num_samples == 0 and load.prefill_tokens_per_s == 100.0
+    assert load.queued_prefill_tokens == 0
+
+
+def test_utilization_decays_with_idle_time():
+    clock = FakeClock()
+    load = WorkerLoad(LoadPriors(), clock, window_s=60.0)
+    ticket = load.begin_prefill(3000)
+    clock.now += 30.0
+    load.end_prefill(ticket, is_ok=True)
+    assert load.prefill_utilization() == pytest.approx(0.5)
+    clock.now += 60.0
+    assert load.prefill_utilization() == pytest.approx(0.5 * 2.718281828 ** -1, rel=1e-6)
+
+
+def test_decode_rate_from_streams():
+    load = WorkerLoad(LoadPriors(decode_tokens_per_s=30.0), FakeClock())
+    load.begin_stream()
+    load.end_stream(41, 2.0)
+    assert load.num_streams == 0 and load.decode_tokens_per_s == pytest.approx(20.0)
+
+
+@pytest.mark.parametrize("streams, expected", [(0.0, 8192), (1.0, 150), (2.0, 75)])
+def test_recommended_threshold(streams, expected):
+    """A split costs 0.3 s; a decoder prefilling at 500 tokens/s stalls each stream n/500 s."""
+    endpoint = EndpointLoad(LoadPriors(split_overhead_s=0.3))
+    endpoint.streams_per_decoder.value = streams
+    assert recommended_threshold(endpoint, [worker("decode-0")], stall_weight=1.0, max_model_len=8192) == expected
