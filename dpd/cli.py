@@ -38,8 +38,8 @@ from dpd.config.model import DEFAULT_ROUTING_THRESHOLD_TOKENS, PdSpec, RouterSpe
 PICKERS: tuple[str, ...] = get_args(RouterSpec.model_fields["picker"].annotation)
 POLICIES: tuple[str, ...] = get_args(PdSpec.model_fields["routingPolicy"].annotation)
 
-# The shared trace beside a checkout (../shared/traces/azure-llm-2023).
-DEFAULT_TRACE_DIR = Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure-llm-2023"
+# The Azure LLM inference trace (2023, CC-BY-4.0) ships inside the package; its README has the attribution.
+DEFAULT_TRACE_DIR = Path(__file__).resolve().parent / "bench" / "traces" / "azure-llm-2023"
 
 
 def with_overrides(config: InferenceEndpointConfig, args: argparse.Namespace) -> InferenceEndpointConfig:
@@ -164,6 +164,35 @@ def _cmd_bench_run(args: argparse.Namespace) -> int:
     for path in plot(Path(args.out)):
         print(f"plot: {path}")
     return 0 if results else 1
+
+
+def _cmd_bench_ladder(args: argparse.Namespace) -> int:
+    from dpd.bench.ladder import SCENARIOS, LadderSpec, run
+    from dpd.bench.stats import Slo
+
+    scenarios = tuple(s for s in args.scenarios.split(",") if s)
+    workloads = tuple(w for w in args.workloads.split(",") if w)
+    problems = [f"unknown scenario(s) {sorted(set(scenarios) - set(SCENARIOS))}; allowed: {', '.join(SCENARIOS)}"
+                for _ in [0] if set(scenarios) - set(SCENARIOS) or not scenarios]
+    problems += [f"unknown workload(s) {sorted(set(workloads) - {'trace', 'synthetic'})}; allowed: trace, synthetic"
+                 for _ in [0] if set(workloads) - {"trace", "synthetic"} or not workloads]
+    if not args.rates:
+        problems.append("--rates needs at least one rate")
+    if args.requests < 2 or args.rounds < 1:
+        problems.append("--requests must be >= 2 and --rounds >= 1")
+    if problems:
+        for problem in problems:
+            print(f"dpd bench ladder: {problem}", file=sys.stderr)
+        return 2
+    spec = LadderSpec(
+        trace_dir=args.trace, rates_rps=args.rates, slo=Slo(args.slo_ttft, args.slo_tpot), workloads=workloads,
+        scenarios=scenarios, num_requests=args.requests, rounds=args.rounds, threshold_tokens=args.threshold,
+        adaptive_floor_tokens=args.adaptive_floor, max_prompt_tokens=args.max_prompt_tokens,
+        max_output_tokens=args.max_output_tokens, seed=args.seed, burstiness=args.burstiness,
+    )
+    run(spec, Path(args.out))
+    print((Path(args.out) / "report.md").read_text())
+    return 0
 
 
 def _cmd_bench_pd_tail(args: argparse.Namespace) -> int:
@@ -320,8 +349,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--long-words", type=int, default=1800, help="~3,000 tokens")
     b.set_defaults(func=_cmd_bench_pd_tail)
 
-    b = bench.add_parser("run", help="scenarios side by side on the Azure trace: colocated, dpd, dpd-always, vllm-router")
-    b.add_argument("--scenarios", default="colocated,dpd,dpd-always,vllm-router")
+    b = bench.add_parser("run", help="scenarios side by side on the Azure trace: colocated, dpd, dpd-always, dpd-adaptive, vllm-router")
+    b.add_argument("--scenarios", default="colocated,dpd,dpd-always,vllm-router",
+                   help="any of colocated, dpd, dpd-always, dpd-adaptive, vllm-router")
     b.add_argument("--rates", type=_number_list(float, 0.001), default=(0.1, 0.25), help="request rates (req/s) to run; with --bisect, the bracket LO,HI")
     b.add_argument("--bisect", type=int, default=0, metavar="STEPS",
                    help="find capacity by bisecting LO,HI this many times (after measuring LO and HI)")
@@ -343,6 +373,25 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--trace", default=str(DEFAULT_TRACE_DIR))
     b.add_argument("--out", default="results/bench", help="directory for results.json and report.md")
     b.set_defaults(func=_cmd_bench_run)
+
+    b = bench.add_parser("ladder", help="colocated vs static P/D vs adaptive P/D: the same requests at every rate, "
+                         "rounds, rotated order, bootstrap intervals")
+    b.add_argument("--scenarios", default="colocated,dpd,dpd-adaptive")
+    b.add_argument("--workloads", default="trace,synthetic", help="trace and/or synthetic")
+    b.add_argument("--rates", type=_number_list(float, 0.001), default=(0.3, 0.6, 0.9), help="request rates (req/s)")
+    b.add_argument("--requests", type=int, default=100, help="requests per run: one fixed set per workload, every rate")
+    b.add_argument("--rounds", type=int, default=1, help="repeats of the whole ladder (rates shuffled, order rotated)")
+    b.add_argument("--threshold", type=int, default=512, help="the static split's threshold (and the long/short class boundary)")
+    b.add_argument("--adaptive-floor", type=int, default=0, help="the adaptive policy's floor (routingThreshold)")
+    b.add_argument("--slo-ttft", type=float, default=10.0, help="TTFT SLO, seconds")
+    b.add_argument("--slo-tpot", type=float, default=0.2, help="TPOT SLO, seconds")
+    b.add_argument("--max-prompt-tokens", type=int, default=1024, help="prompt cap: an isolated long prefill ~30%% of the TTFT SLO here")
+    b.add_argument("--max-output-tokens", type=int, default=64)
+    b.add_argument("--burstiness", type=float, default=1.0, help="synthetic arrivals: gamma shape (1 = Poisson, <1 burstier)")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--trace", default=str(DEFAULT_TRACE_DIR))
+    b.add_argument("--out", default="results/ladder", help="directory for results.json and report.md")
+    b.set_defaults(func=_cmd_bench_ladder)
 
     b = bench.add_parser("crosscheck", help="our client's TTFT/TPOT/ITL against `vllm bench serve`'s on one endpoint")
     b.add_argument("--num-prompts", type=int, help="requests per run (default 40)")

@@ -45,7 +45,8 @@ async def send(
         "ignore_eos": True,
         "temperature": 0,
         "stream": True,
-        "stream_options": {"include_usage": True},
+        # usage on every chunk: how many tokens each chunk carries, so ITL is per token on every path
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
     }
     record = RequestRecord(ttft_s=float("nan"), e2e_s=float("nan"), num_output_tokens=0,
                            request_class=request_class(request.num_prompt_tokens, threshold_tokens))
@@ -54,6 +55,7 @@ async def send(
     try:
         async with session.post(url + "/v1/completions", json=body) as resp:
             record.path = resp.headers.get("x-dpd-path", "")
+            record.reason = resp.headers.get("x-dpd-reason", "")
             if resp.status != 200:
                 record.is_ok = False
                 await resp.read()
@@ -65,14 +67,15 @@ async def send(
                 if "error" in chunk:
                     record.is_ok = False
                     continue
+                tokens_before = record.num_output_tokens
                 if chunk.get("usage"):
                     record.num_output_tokens = chunk["usage"].get("completion_tokens") or 0
                 if any(c.get("text") for c in chunk.get("choices") or ()):
                     now = time.perf_counter()
+                    num_new = record.num_output_tokens - tokens_before if chunk.get("usage") else 1
                     if last is None:
                         record.ttft_s = now - started
-                    else:
-                        record.itls_s.append(now - last)
+                    add_token_gaps(record, None if last is None else now - last, num_new)
                     last = now
     except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError):
         record.is_ok = False
@@ -80,6 +83,19 @@ async def send(
     if last is None:
         record.is_ok = False
     return record
+
+
+def add_token_gaps(record: RequestRecord, gap_s: float | None, num_tokens: int) -> None:
+    """Record one text chunk's inter-token gaps, per token: a chunk of k tokens that arrived
+    ``gap_s`` after the previous one is k gaps of gap_s / k (the first chunk: its k − 1 extra
+    tokens arrived with the first, gaps of 0). Chunks without a usage count are one token."""
+    k = max(1, num_tokens)
+    if k > 1:
+        record.num_merged_chunks += 1
+    if gap_s is None:
+        record.itls_s.extend([0.0] * (k - 1))
+    else:
+        record.itls_s.extend([gap_s / k] * k)
 
 
 async def replay(
@@ -100,9 +116,12 @@ async def replay(
             delay = request.arrival_s - (time.perf_counter() - start)
             if delay > 0:
                 await asyncio.sleep(delay)
+            lag_s = (time.perf_counter() - start) - request.arrival_s
             # A session's turns draw from one seed, so each prompt extends the previous turn's.
             key = i if request.session is None else 10_000_000 + request.session
             records[i] = await send(session, url, model, request, seed * 1_000_003 + key, threshold_tokens)
+            records[i].send_lag_s = lag_s
+            records[i].index = i
             failed += not records[i].is_ok
             bar.set_postfix(failed=failed, refresh=False)
             bar.update()

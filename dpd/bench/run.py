@@ -4,6 +4,7 @@ Scenarios:
   colocated    ``dpd serve --colocated``: both workers as full servers behind dpd's router
   dpd          ``dpd serve`` with the routing threshold
   dpd-always   the same P/D endpoint with threshold 0 (every request disaggregated)
+  dpd-adaptive the same P/D endpoint under the adaptive policy (floor 0)
   vllm-router  the same P/D workers behind ``vllm-router`` in its P/D mode (the peer)
 Two endpoints are started on the same two cores, one after the other: the colocated one, then
 one P/D endpoint shared by the three P/D scenarios (the threshold is changed live through the
@@ -37,8 +38,8 @@ from dpd.bench.stats import RequestRecord, Slo, counter_totals, summarize
 from dpd.bench.workloads import Scaling, TraceRequest, agent_sessions, load_azure_trace, scale, synthetic
 from dpd.launch.child import ServeProcess, write_config
 
-SCENARIOS = ("colocated", "dpd", "dpd-always", "vllm-router")
-PD_SCENARIOS = ("dpd", "dpd-always", "vllm-router")
+SCENARIOS = ("colocated", "dpd", "dpd-always", "dpd-adaptive", "vllm-router")
+PD_SCENARIOS = ("dpd", "dpd-always", "dpd-adaptive", "vllm-router")
 CAPACITY_ATTAINMENT = 0.9
 TRACE_OFFSET = 2000  # requests skipped: the trace's first minutes are sparser than the rest
 COUNTERS = ("dpd_pd_stalls_total", "dpd_fallbacks_total")
@@ -145,12 +146,17 @@ def set_threshold(serve: ServeProcess, tokens: int) -> None:
     resp.raise_for_status()
 
 
+def set_policy(serve: ServeProcess, policy: str) -> None:
+    """Switch the live routing policy (admin API)."""
+    requests.put(serve.url + "/admin/policy", json={"policy": policy}, timeout=10).raise_for_status()
+
+
 @contextlib.contextmanager
 def endpoint(colocated: bool, spec: BenchSpec, work_dir: Path):
     """A fresh endpoint on the benchmark's ports; stopped (Ctrl-C) and checked on exit."""
     work_dir.mkdir(parents=True, exist_ok=True)
     config = write_config(work_dir / "endpoint.yaml", router_port=18400, worker_base_port=18500,
-                          side_channel_base_port=16500, routingThreshold=spec.threshold_tokens)
+                          side_channel_base_port=16500, routingThreshold=spec.threshold_tokens, routingPolicy="threshold")
     print(f"[bench] starting the {'colocated' if colocated else 'P/D'} endpoint (~2–3 min)", file=sys.stderr, flush=True)
     serve = ServeProcess(config, *(["--colocated"] if colocated else []), log_path=work_dir / "serve.log")
     try:
@@ -241,7 +247,8 @@ def run(spec: BenchSpec, out_dir: Path) -> dict:
     if pd_names or spec.sweep_thresholds:
         with endpoint(False, spec, out_dir / "pd") as serve:
             for name in pd_names:
-                set_threshold(serve, 0 if name == "dpd-always" else spec.threshold_tokens)
+                set_policy(serve, "adaptive" if name == "dpd-adaptive" else "threshold")
+                set_threshold(serve, 0 if name in ("dpd-always", "dpd-adaptive") else spec.threshold_tokens)
                 if name == "vllm-router":
                     pool = serve.config.spec.pdSpec
                     base_port = pool.local.workerBasePort
@@ -252,6 +259,7 @@ def run(spec: BenchSpec, out_dir: Path) -> dict:
                 save()
             if spec.sweep_thresholds:
                 results["sweep"] = sweep(serve, spec, base, results)
+            set_policy(serve, "threshold")
             set_threshold(serve, spec.threshold_tokens)
     results["wall_time_s"] = time.time() - started
     save()

@@ -9,7 +9,9 @@ per second of the run.
 
 from __future__ import annotations
 
+import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -39,8 +41,12 @@ class RequestRecord:
     num_output_tokens: int
     itls_s: list[float] = field(default_factory=list)
     path: str = ""
+    reason: str = ""  # the router's x-dpd-reason
     request_class: str = ""
     is_ok: bool = True
+    num_merged_chunks: int = 0  # chunks that carried more than one token (their gap is split per token)
+    send_lag_s: float = 0.0  # actual send time − scheduled arrival: the client's own lag
+    index: int = -1  # the request's position in its trace: pairs the same request across scenarios
 
     @property
     def tpot_s(self) -> float | None:
@@ -73,3 +79,24 @@ def summarize(records: list[RequestRecord], duration_s: float, slo: Slo) -> dict
     out["goodput_rps"] = num_met / duration_s if duration_s > 0 else float("nan")
     out["throughput_rps"] = len(ok) / duration_s if duration_s > 0 else float("nan")
     return out
+
+
+def bootstrap_ci(statistic: Callable[[list[int]], float], num_items: int, *, num_resamples: int = 1000,
+                 level: float = 0.95, seed: int = 0) -> tuple[float, float]:
+    """Percentile-bootstrap interval of ``statistic`` over ``num_items`` items (requests):
+    each resample draws item indices with replacement and hands them to ``statistic``, which
+    computes the figure from those items only — so a paired ratio (the same requests in two
+    scenarios) resamples requests once for both, and pooled figures (ITL) resample requests,
+    never individual gaps. NaN resamples are dropped; (NaN, NaN) when none is finite."""
+    if num_items <= 0:
+        return float("nan"), float("nan")
+    rng = random.Random(seed)
+    values = []
+    for _ in range(num_resamples):
+        value = statistic([rng.randrange(num_items) for _ in range(num_items)])
+        if value == value:
+            values.append(value)
+    if not values:
+        return float("nan"), float("nan")
+    tail = (1 - level) / 2
+    return percentile(values, tail), percentile(values, 1 - tail)

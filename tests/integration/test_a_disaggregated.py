@@ -18,6 +18,7 @@ The endpoint starts once for the module (~2.5 min on 2 cores). Steps, in file or
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 import signal
 import threading
 import time
@@ -45,7 +46,7 @@ def endpoint(tmp_path_factory, model_dir):
     tmp = tmp_path_factory.mktemp("disagg")
     config = write_config(
         tmp / "endpoint.yaml", router_port=ROUTER_PORT, worker_base_port=18100, side_channel_base_port=15600,
-        routingThreshold=1024, worker_args=WORKER_ARGS,
+        routingThreshold=1024, routingPolicy="threshold", worker_args=WORKER_ARGS,
         router={"admission": {"decode": {"maxInFlight": 4, "maxQueue": 16, "queueTimeoutS": 10}}},
     )
     serve = ServeProcess(config, log_path=tmp / "serve.log")
@@ -108,7 +109,12 @@ def test_tokenize_counts_what_vllm_counts(endpoint, make_prompt):
 
 def _set_threshold(endpoint, value: int) -> None:
     resp = requests.put(endpoint.url + "/admin/threshold", json={"threshold_tokens": value}, timeout=10)
-    assert resp.status_code == 200 and resp.json() == {"threshold_tokens": value}
+    assert resp.status_code == 200 and resp.json()["threshold_tokens"] == value
+
+
+def _set_policy(endpoint, policy: str) -> None:
+    resp = requests.put(endpoint.url + "/admin/policy", json={"policy": policy}, timeout=10)
+    assert resp.status_code == 200 and resp.json()["policy"] == policy
 
 
 def test_greedy_output_identical_on_both_paths_and_streaming(endpoint, client, make_prompt):
@@ -254,6 +260,57 @@ def test_bench_short_run(endpoint):
     assert summary["num_failed"] == 0 and summary["slo_attainment"] == 1.0
     print(f"\nbench short run: TTFT p50 {summary['ttft_p50_s']:.2f} s p99 {summary['ttft_p99_s']:.2f} s, "
           f"TPOT p50 {summary['tpot_p50_s'] * 1000:.0f} ms, ITL p99 {summary['itl_p99_s'] * 1000:.0f} ms")
+
+
+def _served(endpoint, prompt: str, max_tokens: int) -> tuple[str, str, str]:
+    resp = requests.post(endpoint.url + "/v1/completions", timeout=300,
+                         json={"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
+    assert resp.status_code == 200 and resp.json()["choices"][0]["text"], resp.text
+    return resp.headers["x-dpd-path"], resp.headers["x-dpd-reason"], resp.headers["x-dpd-workers"]
+
+
+def _prefiller(workers: str) -> str:
+    return workers.split(">")[0]  # "prefill-0>decode-0" → prefill-0; a whole request's one worker
+
+
+def test_adaptive_busy_worker_is_not_waited_for(endpoint, make_prompt):
+    """Adaptive policy, real workers: two long prompts sent together are prefilled on different
+    workers — the second does not queue behind the first on a busy worker, whichever it is."""
+    _set_policy(endpoint, "adaptive")
+    _set_threshold(endpoint, 0)
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            first = pool.submit(_served, endpoint, make_prompt(2000, seed=401), 8)
+            time.sleep(0.5)  # the router has queued the first one's prefill tokens
+            second = pool.submit(_served, endpoint, make_prompt(2000, seed=402), 8)
+            (_, _, w1), (path2, reason2, w2) = first.result(), second.result()
+        assert _prefiller(w1) != _prefiller(w2), (w1, w2)
+        assert reason2 in ("prefill_queue_long", "split_no_gain", "decoder_busy"), reason2
+        state = requests.get(endpoint.url + "/admin/workers", timeout=10).json()
+        assert state["routing"]["policy"] == "adaptive"
+        workers = {w["name"]: w for pool in state["pools"].values() for w in pool["workers"]}
+        assert all(w["queued_prefill_tokens"] == 0 and w["streams"] == 0 for w in workers.values())
+        assert sum(w["prefill_rate_samples"] for w in workers.values()) >= 2  # both measured
+    finally:
+        _set_policy(endpoint, "threshold")
+        _set_threshold(endpoint, 1024)
+
+
+def test_adaptive_idle_prefill_worker_takes_direct_work(endpoint, make_prompt):
+    """While one worker streams a request, the next short one runs whole on the other worker —
+    so the prefill worker, idle under a static split, serves direct requests."""
+    _set_policy(endpoint, "adaptive")
+    try:
+        seen: list[tuple[str, str, str]] = []
+        with ThreadPoolExecutor(2) as pool:
+            streaming = pool.submit(_served, endpoint, make_prompt(100, seed=403), 160)
+            time.sleep(2.0)  # its first tokens are out: it streams on one worker
+            seen.append(_served(endpoint, make_prompt(100, seed=404), 8))
+            seen.append(streaming.result())
+        assert {w for _, _, w in seen} == {"prefill-0", "decode-0"}, seen
+        assert [(p, r) for p, r, _ in seen] == [("direct", "short_prompt")] * 2, seen
+    finally:
+        _set_policy(endpoint, "threshold")
 
 
 def test_kill_prefill_worker_under_load(endpoint, client, make_prompt, capsys):

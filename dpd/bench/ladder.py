@@ -1,0 +1,342 @@
+"""``dpd bench ladder``: colocated, static P/D and adaptive P/D on the same requests at every rate.
+
+The method, built so that a ratio between scenarios means something on a noisy 2-core machine:
+
+* **One request set per workload**: ``num_requests`` requests (an Azure trace window, or a
+  synthetic mix), drawn once and time-compressed to each rate — every rate and every scenario
+  serves the same requests with the same token ids. Prompts are capped (``max_prompt_tokens``)
+  so that an isolated long prefill stays well inside the TTFT SLO on this machine.
+* **Exact pairing**: prefix caching is off on every benchmark worker, so repeating the ids is
+  no cache hit, and per-request results pair across scenarios.
+* **Both endpoints up at once** (colocated, and one P/D endpoint whose policy is switched live:
+  ``dpd`` = the static threshold split, ``dpd-adaptive`` = the adaptive policy); the idle one
+  costs nothing while the other serves, so they alternate without restarts.
+* **Rounds and order**: rates shuffled in every round; the scenario order rotated per (round,
+  rate) — a Latin square over the scenarios. Every run is preceded by a warm-up that sends a
+  maximum-length prompt to every worker.
+* **Statistics**: 95% bootstrap intervals, resampling requests (never individual gaps), on
+  attainment and on every paired ratio; failures count as +∞ in latency percentiles; a class
+  with fewer than 100 requests reports its P90 instead of a P99; the client's own send lag is
+  recorded and a run whose P99 lag exceeds ``MAX_CLIENT_LAG_S`` is flagged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Iterator
+
+import requests
+
+from dpd.bench.client import replay
+from dpd.bench.stats import RequestRecord, Slo, bootstrap_ci, percentile
+from dpd.bench.workloads import TraceRequest, load_azure_trace, synthetic
+from dpd.launch.child import ServeProcess, write_config
+
+SCENARIOS = ("colocated", "dpd", "dpd-adaptive")
+TRACE_OFFSET = 2000  # the trace's first minutes are sparser than the rest
+MAX_CLIENT_LAG_S = 0.005
+MIN_REQUESTS_FOR_P99 = 100
+WORKER_ARGS = ("--no-enable-prefix-caching",)
+
+
+@dataclass(frozen=True)
+class LadderSpec:
+    trace_dir: str
+    rates_rps: tuple[float, ...]
+    slo: Slo
+    workloads: tuple[str, ...] = ("trace", "synthetic")
+    scenarios: tuple[str, ...] = SCENARIOS
+    num_requests: int = 100
+    rounds: int = 1
+    threshold_tokens: int = 512  # the static split's threshold; also the short/long class boundary
+    adaptive_floor_tokens: int = 0
+    max_prompt_tokens: int = 1024
+    max_output_tokens: int = 64
+    model: str = "smollm2-135m"
+    seed: int = 0
+    burstiness: float = 1.0
+
+
+# -- the request sets -------------------------------------------------------------------------------
+
+def request_set(spec: LadderSpec, workload: str, base: list[TraceRequest] | None = None) -> tuple[list[TraceRequest], str]:
+    """``num_requests`` requests at a mean rate of 1 req/s (``at_rate`` compresses them), and
+    what the report states about them."""
+    n, cap, out_cap = spec.num_requests, spec.max_prompt_tokens, spec.max_output_tokens
+    if workload == "synthetic":
+        trace = synthetic(n, 1.0, max_prompt_tokens=cap, output_tokens=(max(1, out_cap // 4), out_cap),
+                          burstiness=spec.burstiness, seed=spec.seed)
+        return trace, (f"synthetic mix (70% chat / 25% retrieval / 5% long), {n} requests, prompts up to {cap} tokens, "
+                       f"outputs {max(1, out_cap // 4)}–{out_cap}, gamma arrivals (shape {spec.burstiness:g})")
+    if workload != "trace":
+        raise ValueError(f"unknown workload {workload!r}; allowed: trace, synthetic")
+    if base is None:
+        base = load_azure_trace(spec.trace_dir)
+    window = base[TRACE_OFFSET:TRACE_OFFSET + n]
+    if len(window) < 2:
+        raise ValueError(f"the trace has too few requests after #{TRACE_OFFSET}")
+    t0 = window[0].arrival_s
+    native_rps = (len(window) - 1) / max(window[-1].arrival_s - t0, 1e-9)
+    trace = [replace(r, arrival_s=(r.arrival_s - t0) * native_rps, num_prompt_tokens=min(r.num_prompt_tokens, cap),
+                     num_output_tokens=max(1, min(r.num_output_tokens, out_cap))) for r in window]
+    num_capped = sum(r.num_prompt_tokens > cap for r in window)
+    return trace, (f"Azure conv+code, requests #{TRACE_OFFSET}–#{TRACE_OFFSET + n - 1} ({native_rps:.2f} req/s natively), "
+                   f"prompts capped at {cap} tokens ({num_capped} of {n} capped), outputs capped at {out_cap}")
+
+
+def at_rate(trace: list[TraceRequest], rate_rps: float) -> list[TraceRequest]:
+    """The same requests, arrivals compressed so that their mean rate is ``rate_rps``."""
+    if rate_rps <= 0:
+        raise ValueError("rate must be > 0")
+    return [replace(r, arrival_s=r.arrival_s / rate_rps) for r in trace]
+
+
+def schedule(spec: LadderSpec) -> list[tuple[int, str, float, str]]:
+    """Every run as (round, workload, rate, scenario): per round and workload the rates
+    shuffled, and the scenario order rotated by one at each step (a Latin square)."""
+    rng = random.Random(spec.seed)
+    runs, step = [], 0
+    for round_index in range(spec.rounds):
+        for workload in spec.workloads:
+            rates = list(spec.rates_rps)
+            rng.shuffle(rates)
+            for rate in rates:
+                k = step % len(spec.scenarios)
+                for scenario in spec.scenarios[k:] + spec.scenarios[:k]:
+                    runs.append((round_index, workload, rate, scenario))
+                step += 1
+    return runs
+
+
+# -- statistics ------------------------------------------------------------------------------------
+
+def _ttft(r: RequestRecord) -> float:
+    return r.ttft_s if r.is_ok else math.inf
+
+
+def _quantile_name(n: int) -> tuple[float, str]:
+    return (0.99, "P99") if n >= MIN_REQUESTS_FOR_P99 else (0.9, "P90")
+
+
+def class_figures(records: list[RequestRecord], slo: Slo) -> dict:
+    """The figures of one run (or one class of it)."""
+    q, name = _quantile_name(len(records))
+    met = sum(slo.is_met(r) for r in records)
+    return {
+        "n": len(records),
+        "quantile": name,
+        "attainment": met / len(records) if records else math.nan,
+        "ttft_q_s": percentile([_ttft(r) for r in records], q),
+        "ttft_p50_s": percentile([_ttft(r) for r in records], 0.5),
+        "itl_q_s": percentile([g for r in records if r.is_ok for g in r.itls_s], q),
+        "num_failed": sum(not r.is_ok for r in records),
+        "num_merged_chunks": sum(r.num_merged_chunks for r in records),
+    }
+
+
+def paired_ratio(mine: list[RequestRecord], base: list[RequestRecord], figure: str, q: float, cls: str | None,
+                 slo: Slo, seed: int = 0) -> dict:
+    """``figure`` (ttft / itl / met: requests meeting ``slo``) of ``mine`` over ``base``, the requests paired by index,
+    with a bootstrap interval that resamples request indices once for both scenarios."""
+    by_index = {r.index: r for r in base}
+    pairs = [(r, by_index[r.index]) for r in mine if r.index in by_index and (cls is None or r.request_class == cls)]
+
+    def value(records: list[RequestRecord]) -> float:
+        if figure == "ttft":
+            return percentile([_ttft(r) for r in records], q)
+        if figure == "itl":
+            return percentile([g for r in records if r.is_ok for g in r.itls_s], q)
+        return float(sum(slo.is_met(r) for r in records))
+
+    def ratio(idx: list[int]) -> float:
+        a, b = value([pairs[i][0] for i in idx]), value([pairs[i][1] for i in idx])
+        return a / b if b and b == b and math.isfinite(b) and math.isfinite(a) else math.nan
+
+    point = ratio(list(range(len(pairs))))
+    lo, hi = bootstrap_ci(ratio, len(pairs), seed=seed)
+    return {"ratio": point, "lo": lo, "hi": hi, "n": len(pairs)}
+
+
+def attainment_ci(records: list[RequestRecord], slo: Slo, seed: int = 0) -> tuple[float, float]:
+    met = [slo.is_met(r) for r in records]
+    return bootstrap_ci(lambda idx: sum(met[i] for i in idx) / len(idx), len(met), seed=seed)
+
+
+def capacity(attainments: dict[float, float], bar: float = 0.9) -> float:
+    """The highest rate at which this and every lower rate of the ladder meet ``bar``; 0 if none."""
+    best = 0.0
+    for rate in sorted(attainments):
+        if attainments[rate] < bar:
+            break
+        best = rate
+    return best
+
+
+# -- running ---------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def endpoints(spec: LadderSpec, work_dir: Path) -> Iterator[dict[str, ServeProcess]]:
+    """The colocated and the P/D endpoint, both up (prefix caching off), stopped on exit."""
+    wanted = {"colocated"} & set(spec.scenarios), {"dpd", "dpd-adaptive"} & set(spec.scenarios)
+    serves: dict[str, ServeProcess] = {}
+    try:
+        for kind, ports, flag in (("pd", (18400, 18500, 16500), ()), ("colocated", (18600, 18700, 16700), ("--colocated",))):
+            if not wanted[kind == "pd"]:
+                continue
+            d = work_dir / kind
+            d.mkdir(parents=True, exist_ok=True)
+            config = write_config(d / "endpoint.yaml", router_port=ports[0], worker_base_port=ports[1],
+                                  side_channel_base_port=ports[2], worker_args=WORKER_ARGS,
+                                  routingThreshold=spec.threshold_tokens, routingPolicy="threshold")
+            serves[kind] = ServeProcess(config, *flag, log_path=d / "serve.log")
+        for kind, serve in serves.items():
+            print(f"[ladder] waiting for the {kind} endpoint (~3–5 min for both)", file=sys.stderr, flush=True)
+            serve.wait_ready()
+        yield serves
+    finally:
+        for serve in serves.values():
+            if serve.stop():
+                print("warning: processes survived an endpoint's stop", file=sys.stderr)
+
+
+def configure(serve: ServeProcess, scenario: str, spec: LadderSpec) -> None:
+    """Switch the P/D endpoint to a scenario's policy (admin API, loopback)."""
+    if scenario == "colocated":
+        return
+    policy, threshold = ("adaptive", spec.adaptive_floor_tokens) if scenario == "dpd-adaptive" else ("threshold", spec.threshold_tokens)
+    for path, body in (("/admin/policy", {"policy": policy}), ("/admin/threshold", {"threshold_tokens": threshold})):
+        requests.put(serve.url + path, json=body, timeout=10).raise_for_status()
+
+
+def warm_up(url: str, spec: LadderSpec, seed: int) -> None:
+    """A maximum-length prompt on every worker (two at once, so each worker gets one) and two short ones."""
+    warm = [TraceRequest(0.0, spec.max_prompt_tokens, 4, "warmup"), TraceRequest(0.0, spec.max_prompt_tokens, 4, "warmup"),
+            TraceRequest(0.2, 64, 4, "warmup"), TraceRequest(0.2, 64, 4, "warmup")]
+    asyncio.run(replay(url, spec.model, warm, threshold_tokens=spec.threshold_tokens, seed=seed, progress=False))
+
+
+def run(spec: LadderSpec, out_dir: Path) -> dict:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    base = load_azure_trace(spec.trace_dir) if "trace" in spec.workloads else None
+    sets = {w: request_set(spec, w, base) for w in spec.workloads}
+    started = time.time()
+    results: dict = {"spec": {**asdict(spec), "slo": asdict(spec.slo)}, "workloads": {w: d for w, (_, d) in sets.items()},
+                     "runs": []}
+
+    def save() -> None:
+        (out_dir / "results.json").write_text(json.dumps(results, indent=1, default=str))
+
+    plan = schedule(spec)
+    with endpoints(spec, out_dir) as serves:
+        for i, (round_index, workload, rate, scenario) in enumerate(plan):
+            serve = serves["colocated" if scenario == "colocated" else "pd"]
+            configure(serve, scenario, spec)
+            warm_up(serve.url, spec, seed=10_000 + i)  # warm-up ids differ from the set's
+            label = f"[{i + 1}/{len(plan)}] round {round_index + 1} {workload} {scenario} @ {rate:g} req/s"
+            records, duration_s = asyncio.run(replay(serve.url, spec.model, at_rate(sets[workload][0], rate),
+                                                     threshold_tokens=spec.threshold_tokens, seed=spec.seed, label=label))
+            lag = percentile([r.send_lag_s for r in records], 0.99)
+            results["runs"].append({"round": round_index, "workload": workload, "rate_rps": rate, "scenario": scenario,
+                                    "duration_s": duration_s, "client_lag_p99_s": lag,
+                                    "records": [asdict(r) for r in records]})
+            figures = class_figures(records, spec.slo)
+            print(f"[ladder] {label}: attainment {figures['attainment']:.0%}, {figures['quantile']} TTFT "
+                  f"{figures['ttft_q_s']:.2f} s, client lag P99 {lag * 1000:.1f} ms", file=sys.stderr, flush=True)
+            save()
+    results["wall_time_s"] = time.time() - started
+    save()
+    (out_dir / "report.md").write_text(report(results))
+    return results
+
+
+# -- the report ------------------------------------------------------------------------------------
+
+def _records(run_entry: dict) -> list[RequestRecord]:
+    return [RequestRecord(**r) for r in run_entry["records"]]
+
+
+def _fmt_s(x: float) -> str:
+    return "—" if x != x else ("∞" if math.isinf(x) else f"{x:.2f}")
+
+
+def _fmt_ratio(r: dict) -> str:
+    if r["ratio"] != r["ratio"]:
+        return "—"
+    return f"{r['ratio']:.2f}× [{r['lo']:.2f}, {r['hi']:.2f}]"
+
+
+def report(results: dict) -> str:
+    spec = results["spec"]
+    slo = Slo(**spec["slo"])
+    lines = [f"SLO: TTFT ≤ {slo.ttft_s:g} s and TPOT ≤ {slo.tpot_s:g} s. Classes: long = prompt ≥ "
+             f"{spec['threshold_tokens']} tokens (the static split's threshold). Intervals: 95% bootstrap over requests; "
+             f"ratios paired by request. {spec['rounds']} round(s); P99 where a class has ≥ {MIN_REQUESTS_FOR_P99} "
+             "requests, else P90."]
+    for workload, description in results["workloads"].items():
+        runs = [r for r in results["runs"] if r["workload"] == workload]
+        if not runs:
+            continue
+        lines += ["", f"### {workload}: {description}", "",
+                  "| scenario | rate (req/s) | n | attainment [95% CI] | TTFT long P50 / Pq (s) | TTFT short Pq (s) | "
+                  "ITL short Pq (ms) | failed | merged chunks | client lag P99 (ms) |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        pooled: dict[tuple[str, float], list[RequestRecord]] = {}
+        for r in runs:
+            recs = _records(r)
+            for rec in recs:
+                rec.index += 1_000_000 * r["round"]  # the same request in another round is another pair
+            pooled.setdefault((r["scenario"], r["rate_rps"]), []).extend(recs)
+        lags = {(r["scenario"], r["rate_rps"]): r["client_lag_p99_s"] for r in runs}
+        attainments: dict[str, dict[float, float]] = {}
+        for (scenario, rate), recs in sorted(pooled.items(), key=lambda kv: (spec["scenarios"].index(kv[0][0]), kv[0][1])):
+            all_f = class_figures(recs, slo)
+            long_f = class_figures([r for r in recs if r.request_class == "long"], slo)
+            short_f = class_figures([r for r in recs if r.request_class == "short"], slo)
+            lo, hi = attainment_ci(recs, slo)
+            attainments.setdefault(scenario, {})[rate] = all_f["attainment"]
+            lag = lags[(scenario, rate)]
+            lines.append(
+                f"| {scenario} | {rate:g} | {all_f['n']} | {all_f['attainment']:.0%} [{lo:.0%}, {hi:.0%}] | "
+                f"{_fmt_s(long_f['ttft_p50_s'])} / {_fmt_s(long_f['ttft_q_s'])} ({long_f['quantile']}, n={long_f['n']}) | "
+                f"{_fmt_s(short_f['ttft_q_s'])} ({short_f['quantile']}) | "
+                f"{short_f['itl_q_s'] * 1000:.0f} ({short_f['quantile']}) | {all_f['num_failed']} | {all_f['num_merged_chunks']} | "
+                f"{lag * 1000:.1f}{' ⚠' if lag > MAX_CLIENT_LAG_S else ''} |")
+        lines += ["", "Capacity at the SLO (highest ladder rate where it and every lower one reach 90%): "
+                  + ", ".join(f"{s} {capacity(a):g} req/s" for s, a in attainments.items())]
+        for base_name in ("colocated", "dpd"):
+            if base_name not in spec["scenarios"] or "dpd-adaptive" not in spec["scenarios"]:
+                continue
+            lines += ["", f"dpd-adaptive ÷ {base_name}, paired by request (ratio [95% CI]; for met-SLO count > 1 is better, "
+                          "for latencies < 1 is better):", "",
+                      "| rate (req/s) | requests meeting the SLO | TTFT long Pq | ITL short Pq | TTFT all Pq |", "|---|---|---|---|---|"]
+            for rate in sorted({r for (_, r) in pooled}):
+                mine, base = pooled.get(("dpd-adaptive", rate)), pooled.get((base_name, rate))
+                if not mine or not base:
+                    continue
+                n_long = sum(r.request_class == "long" for r in mine)
+                n_short = len(mine) - n_long
+                q_long, q_short, q_all = (_quantile_name(n)[0] for n in (n_long, n_short, len(mine)))
+                cells = [_fmt_ratio(paired_ratio(mine, base, "met", 0, None, slo)),
+                         _fmt_ratio(paired_ratio(mine, base, "ttft", q_long, "long", slo)),
+                         _fmt_ratio(paired_ratio(mine, base, "itl", q_short, "short", slo)),
+                         _fmt_ratio(paired_ratio(mine, base, "ttft", q_all, None, slo))]
+                lines.append(f"| {rate:g} | " + " | ".join(cells) + " |")
+        paths: dict[str, int] = {}
+        for (scenario, _), recs in pooled.items():
+            if scenario == "dpd-adaptive":
+                for rec in recs:
+                    key = f"{rec.path}/{rec.reason}" if rec.reason else rec.path
+                    paths[key] = paths.get(key, 0) + 1
+        if paths:
+            lines += ["", "dpd-adaptive's plans (x-dpd-path / x-dpd-reason): "
+                      + ", ".join(f"{k} {v}" for k, v in sorted(paths.items(), key=lambda kv: -kv[1]))]
+    lines += ["", f"Wall time: {results.get('wall_time_s', 0) / 60:.0f} min."]
+    return "\n".join(lines)

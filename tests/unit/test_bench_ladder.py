@@ -1,0 +1,120 @@
+"""``dpd bench ladder``'s method: the same requests at every rate, the run order, the statistics."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict
+
+import pytest
+
+from dpd.bench.client import add_token_gaps
+from dpd.bench.ladder import (
+    LadderSpec,
+    at_rate,
+    capacity,
+    class_figures,
+    paired_ratio,
+    report,
+    request_set,
+    schedule,
+)
+from dpd.bench.stats import RequestRecord, Slo, bootstrap_ci
+from dpd.cli import DEFAULT_TRACE_DIR
+
+SLO = Slo(ttft_s=10, tpot_s=0.2)
+
+
+def spec(**kw) -> LadderSpec:
+    return LadderSpec(trace_dir=str(DEFAULT_TRACE_DIR), rates_rps=(0.3, 0.6, 0.9), slo=SLO, **kw)
+
+
+@pytest.mark.parametrize("workload", ["trace", "synthetic"])
+def test_same_requests_at_every_rate(workload):
+    requests, description = request_set(spec(num_requests=120), workload)
+    assert len(requests) == 120 and description
+    mean_rate = (len(requests) - 1) / requests[-1].arrival_s
+    assert mean_rate == pytest.approx(1.0, rel=0.2 if workload == "synthetic" else 1e-9)
+    slow, fast = at_rate(requests, 0.3), at_rate(requests, 0.9)
+    strip = [(r.num_prompt_tokens, r.num_output_tokens, r.source) for r in requests]
+    assert [(r.num_prompt_tokens, r.num_output_tokens, r.source) for r in slow] == strip
+    assert [(r.num_prompt_tokens, r.num_output_tokens, r.source) for r in fast] == strip
+    assert [round(a.arrival_s / b.arrival_s, 9) for a, b in zip(slow[1:], fast[1:])] == [3.0] * 119
+    assert max(r.num_prompt_tokens for r in requests) <= 1024 and max(r.num_output_tokens for r in requests) <= 64
+
+
+def test_trace_ships_with_the_package():
+    assert (DEFAULT_TRACE_DIR / "AzureLLMInferenceTrace_conv.csv").is_file()
+    assert "CC-BY-4.0" in (DEFAULT_TRACE_DIR / "README.md").read_text()
+
+
+def test_schedule_shuffles_rates_and_rotates_scenarios():
+    runs = schedule(spec(rounds=2, workloads=("trace",)))
+    assert len(runs) == 2 * 3 * 3
+    steps = [runs[i:i + 3] for i in range(0, len(runs), 3)]
+    firsts = [step[0][3] for step in steps]
+    for scenario in ("colocated", "dpd", "dpd-adaptive"):
+        assert firsts.count(scenario) == 2  # each scenario leads equally often
+    for round_index in (0, 1):
+        rates = [step[0][2] for step in steps if step[0][0] == round_index]
+        assert sorted(rates) == [0.3, 0.6, 0.9]
+    assert all({r[3] for r in step} == {"colocated", "dpd", "dpd-adaptive"} for step in steps)
+
+
+def test_bootstrap_of_a_mean_has_the_textbook_interval():
+    rng = random.Random(1)
+    values = [rng.gauss(10.0, 2.0) for _ in range(400)]
+    lo, hi = bootstrap_ci(lambda idx: sum(values[i] for i in idx) / len(idx), len(values), num_resamples=2000, seed=3)
+    half = 1.96 * 2.0 / 400 ** 0.5  # 0.196
+    mean = sum(values) / len(values)
+    assert lo == pytest.approx(mean - half, abs=0.05) and hi == pytest.approx(mean + half, abs=0.05)
+
+
+def test_per_token_gaps_from_multi_token_chunks():
+    record = RequestRecord(ttft_s=1.0, e2e_s=2.0, num_output_tokens=6)
+    add_token_gaps(record, None, 2)  # the first chunk carried 2 tokens
+    add_token_gaps(record, 0.3, 1)
+    add_token_gaps(record, 0.6, 3)  # a merged chunk: three gaps of 0.2
+    assert record.itls_s == pytest.approx([0.0, 0.3, 0.2, 0.2, 0.2])
+    assert len(record.itls_s) == record.num_output_tokens - 1 and record.num_merged_chunks == 2
+
+
+def _records(ttfts: list[float], cls: str = "short", failed: tuple[int, ...] = ()) -> list[RequestRecord]:
+    return [RequestRecord(ttft_s=t, e2e_s=t + 1.0, num_output_tokens=11, itls_s=[0.1] * 10, request_class=cls,
+                          is_ok=i not in failed, index=i) for i, t in enumerate(ttfts)]
+
+
+def test_failures_count_as_infinite_latency_and_small_classes_report_p90():
+    figures = class_figures(_records([1.0] * 9 + [2.0], failed=(9,)), SLO)
+    assert figures["quantile"] == "P90" and figures["num_failed"] == 1
+    assert figures["ttft_q_s"] == float("inf")  # the P90 of ten reaches the failed one
+    assert class_figures(_records([1.0] * 100), SLO)["quantile"] == "P99"
+
+
+def test_paired_ratio_and_its_interval():
+    base = _records([float(i % 10 + 1) for i in range(200)])
+    halved = _records([float(i % 10 + 1) / 2 for i in range(200)])
+    r = paired_ratio(halved, base, "ttft", 0.9, None, SLO)
+    assert r["ratio"] == pytest.approx(0.5) and r["lo"] <= 0.5 <= r["hi"] and r["n"] == 200
+    met = paired_ratio(halved, base, "met", 0, None, SLO)
+    assert met["ratio"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("attainments, expected", [
+    ({0.3: 1.0, 0.6: 0.95, 0.9: 0.5}, 0.6),
+    ({0.3: 0.8, 0.6: 0.95}, 0.0),  # a pass above a failure does not count
+    ({0.3: 0.9}, 0.3),
+])
+def test_capacity_from_the_ladder(attainments, expected):
+    assert capacity(attainments) == expected
+
+
+def test_report_renders_every_table():
+    s = spec(workloads=("synthetic",))
+    runs = []
+    for scenario, scale in (("colocated", 1.0), ("dpd", 1.2), ("dpd-adaptive", 0.8)):
+        recs = _records([scale * (i % 7 + 1) for i in range(100)])
+        runs.append({"round": 0, "workload": "synthetic", "rate_rps": 0.3, "scenario": scenario, "duration_s": 300,
+                     "client_lag_p99_s": 0.001, "records": [asdict(r) for r in recs]})
+    text = report({"spec": {**asdict(s), "slo": asdict(SLO)}, "workloads": {"synthetic": "a mix"}, "runs": runs})
+    assert "dpd-adaptive ÷ colocated" in text and "dpd-adaptive ÷ dpd" in text
+    assert "0.80× [" in text and "Capacity at the SLO" in text
