@@ -3,7 +3,7 @@ VENV ?= $(CURDIR)/.venv
 export DPD_VENV := $(VENV)
 DPD := $(VENV)/bin/dpd
 
-.PHONY: install serve colocated test test-unit
+.PHONY: install serve colocated lint test test-unit
 install:
 	@scripts/install.sh
 
@@ -13,8 +13,13 @@ serve: install
 colocated: install
 	$(DPD) serve --colocated $(CONFIG)
 
-test: install
+# Lint and type checks (pyproject.toml: [tool.ruff], [tool.mypy]); `make test` runs them first.
+lint: install
+	$(VENV)/bin/ruff check dpd tests
+	$(VENV)/bin/mypy
+
+test: install lint
 	$(VENV)/bin/python -m pytest -v -rs $(PYTEST_ARGS)
 
-test-unit: install
+test-unit: install lint
 	$(VENV)/bin/python -m pytest -v tests/unit $(PYTEST_ARGS)

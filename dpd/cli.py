@@ -352,12 +352,14 @@ def build_parser() -> argparse.ArgumentParser:
     b = bench.add_parser("run", help="scenarios side by side on the Azure trace: colocated, dpd, dpd-always, dpd-adaptive, vllm-router")
     b.add_argument("--scenarios", default="colocated,dpd,dpd-always,vllm-router",
                    help="any of colocated, dpd, dpd-always, dpd-adaptive, vllm-router")
-    b.add_argument("--rates", type=_number_list(float, 0.001), default=(0.1, 0.25), help="request rates (req/s) to run; with --bisect, the bracket LO,HI")
+    b.add_argument("--rates", type=_number_list(float, 0.001), default=(0.1, 0.25),
+                   help="request rates (req/s) to run; with --bisect, the bracket LO,HI")
     b.add_argument("--bisect", type=int, default=0, metavar="STEPS",
                    help="find capacity by bisecting LO,HI this many times (after measuring LO and HI)")
     b.add_argument("--compare-at", type=float, default=0.7,
                    help="also run every scenario at this share of colocated capacity (the same-load ratios); 0: skip")
-    b.add_argument("--sweep-thresholds", type=_number_list(int, 0), default=(), help="comma-separated thresholds: goodput vs threshold on the P/D endpoint")
+    b.add_argument("--sweep-thresholds", type=_number_list(int, 0), default=(),
+                   help="comma-separated thresholds: goodput vs threshold on the P/D endpoint")
     b.add_argument("--sweep-rate", type=float, default=0.0, help="offered load of the sweep (default: dpd's capacity)")
     b.add_argument("--workload", choices=("trace", "synthetic", "sessions"), default="trace",
                    help="the Azure trace, a synthetic mix (70%% chat, 25%% retrieval, 5%% long), "

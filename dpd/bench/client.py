@@ -77,7 +77,7 @@ async def send(
                         record.ttft_s = now - started
                     add_token_gaps(record, None if last is None else now - last, num_new)
                     last = now
-    except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError):
+    except (TimeoutError, aiohttp.ClientError, json.JSONDecodeError):
         record.is_ok = False
     record.e2e_s = time.perf_counter() - started
     if last is None:
@@ -119,10 +119,10 @@ async def replay(
             lag_s = (time.perf_counter() - start) - request.arrival_s
             # A session's turns draw from one seed, so each prompt extends the previous turn's.
             key = i if request.session is None else 10_000_000 + request.session
-            records[i] = await send(session, url, model, request, seed * 1_000_003 + key, threshold_tokens)
-            records[i].send_lag_s = lag_s
-            records[i].index = i
-            failed += not records[i].is_ok
+            record = records[i] = await send(session, url, model, request, seed * 1_000_003 + key, threshold_tokens)
+            record.send_lag_s = lag_s
+            record.index = i
+            failed += not record.is_ok
             bar.set_postfix(failed=failed, refresh=False)
             bar.update()
 

@@ -20,7 +20,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, cast
 
 import aiohttp
 import requests
@@ -132,7 +132,7 @@ async def send_probe(session: aiohttp.ClientSession, url: str, model: str, probe
                         if not pieces:
                             result.ttft_s = time.perf_counter() - started
                         pieces.append(choice["text"])
-    except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError) as exc:
+    except (TimeoutError, aiohttp.ClientError, json.JSONDecodeError) as exc:
         result.error = f"{exc.__class__.__name__}: {exc}"[:300]
     result.text = "".join(pieces)
     return result
@@ -303,7 +303,7 @@ def run(spec: CorrectnessSpec, out_dir: Path) -> dict:
 
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    probes = make_probes(AutoTokenizer.from_pretrained(str(prepare_bundled_model())), spec)
+    probes = make_probes(cast(Tokenizer, AutoTokenizer.from_pretrained(str(prepare_bundled_model()))), spec)
     trace = _load_window(spec)
     results: dict = {"spec": asdict(spec), "worker_args": list(WORKER_ARGS), "num_survivors": 0}
 

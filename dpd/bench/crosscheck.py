@@ -272,7 +272,8 @@ def run(spec: CrosscheckSpec, out_dir: Path) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = str(prepare_bundled_model())
     started = time.time()
-    vllm_raw, vllm_runs, our_runs, our_records, drivers = [], [], [], [], {"vllm": [], "ours": []}
+    vllm_raw, vllm_runs, our_runs, our_records = [], [], [], []
+    drivers: dict[str, list[dict[str, int]]] = {"vllm": [], "ours": []}
     _stage(f"starting the dpd endpoint on :{ROUTER_PORT} (2–3 minutes)")
     with dpd_endpoint(spec, out_dir / "endpoint") as url:
         _stage("warming up")

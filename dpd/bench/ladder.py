@@ -29,9 +29,9 @@ import math
 import random
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Iterator
 
 import requests
 

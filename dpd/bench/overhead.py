@@ -38,7 +38,9 @@ def distinct_prompt(seed: int, num_words: int) -> str:
     return f"[{seed}] " + " ".join(rng.choice(WORDS) for _ in range(num_words))
 
 
-async def measure_ttft(session: aiohttp.ClientSession, base_url: str, model: str, prompt: str, max_tokens: int = 1) -> tuple[float, dict[str, str]]:
+async def measure_ttft(
+    session: aiohttp.ClientSession, base_url: str, model: str, prompt: str, max_tokens: int = 1
+) -> tuple[float, dict[str, str]]:
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
     started = time.perf_counter()
     async with session.post(base_url + "/v1/completions", json=body) as resp:
@@ -142,7 +144,9 @@ def report(results: list[TargetResult], baseline: str) -> str:
     return "\n".join(lines)
 
 
-def run_overhead(router_url: str, decode_url: str, model: str, num_rounds: int, prompt_words: int, with_peer: bool, out_json: str | None) -> int:
+def run_overhead(
+    router_url: str, decode_url: str, model: str, num_rounds: int, prompt_words: int, with_peer: bool, out_json: str | None
+) -> int:
     targets = {"direct": decode_url, "dpd": router_url}
     with contextlib.ExitStack() as stack:
         if with_peer:

@@ -26,9 +26,10 @@ import json
 import sys
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import Any
 
 import requests
 
@@ -184,7 +185,7 @@ class Runner:
         label = f"{self.name} @ {rate:g} req/s ({purpose}{'' if threshold is None else f', threshold {threshold}'})"
         records, duration_s = asyncio.run(replay(self.url, self.spec.model, trace, threshold_tokens=self.spec.threshold_tokens,
                                                  seed=run_seed(label), label=label))
-        entry = {
+        entry: dict[str, Any] = {
             "rate_rps": rate,
             "purpose": purpose,
             "workload": workload,
@@ -219,6 +220,7 @@ def _run_scenario(name: str, url: str, spec: BenchSpec, base: list[TraceRequest]
     if compare_rps:
         runner.measure(compare_rps, "compare")
     if before is not None:  # the router's own account of the P/D path during this scenario
+        assert serve is not None  # ``before`` is only taken with a serve process
         after = _counters(serve)
         results["router_counters"] = {k: after[k] - before[k] for k in COUNTERS}
     return results
@@ -308,7 +310,8 @@ def report(results: dict) -> str:
     workloads = sorted({e["workload"] for sc in scenarios.values() for e in sc["rates"]})
     lines += ["", "Workload: " + ("; ".join(workloads[:1]) + (" (rate varies per run)" if len(workloads) > 1 else "")), ""]
     lines += [
-        "| scenario | rate (req/s) | run | n | attainment | goodput (req/s) | P99 TTFT (ms) | P99 ITL (ms) | P99 TPOT (ms) | P99 ITL short (ms) |",
+        "| scenario | rate (req/s) | run | n | attainment | goodput (req/s) | "
+        "P99 TTFT (ms) | P99 ITL (ms) | P99 TPOT (ms) | P99 ITL short (ms) |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, sc in scenarios.items():
@@ -330,7 +333,8 @@ def report(results: dict) -> str:
     base_cmp = _compare_entry(base_sc) if base_sc else None
     lines += ["", f"Ratios to colocated; same offered load = {results.get('compare_rate_rps') or '—'} req/s "
                   f"({spec['compare_at']:.0%} of colocated capacity).", "",
-              "| scenario | capacity (req/s) | capacity ÷ colocated | P99 ITL short | ÷ colocated | P99 TTFT | ÷ colocated | P99 TPOT | ÷ colocated |",
+              "| scenario | capacity (req/s) | capacity ÷ colocated | "
+              "P99 ITL short | ÷ colocated | P99 TTFT | ÷ colocated | P99 TPOT | ÷ colocated |",
               "|---|---|---|---|---|---|---|---|---|"]
     for name, sc in scenarios.items():
         cmp = _compare_entry(sc)
@@ -342,7 +346,8 @@ def report(results: dict) -> str:
         lines.append("| " + " | ".join(row) + " |")
     if results.get("sweep"):
         lines += ["", f"Threshold sweep on the P/D endpoint at {results['sweep'][0]['rate_rps']:g} req/s:", "",
-                  "| threshold (tokens) | attainment | goodput (req/s) | P99 TTFT (ms) | P99 ITL short (ms) | P99 TTFT long (ms) | disaggregated | stalls |",
+                  "| threshold (tokens) | attainment | goodput (req/s) | P99 TTFT (ms) | P99 ITL short (ms) | "
+                  "P99 TTFT long (ms) | disaggregated | stalls |",
                   "|---|---|---|---|---|---|---|---|"]
         for e in results["sweep"]:
             a = e["all"]

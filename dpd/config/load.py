@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
 from dpd.config.model import InferenceEndpointConfig
 
@@ -37,7 +38,7 @@ def _field_path(loc: tuple[Any, ...]) -> str:
     return "".join(parts) or "(root)"
 
 
-def _describe(error: dict[str, Any]) -> str:
+def _describe(error: ErrorDetails) -> str:
     # Union/literal branches report the same field several times; the path stays readable
     # because pydantic appends the branch name, which we drop here.
     loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and p.startswith(("literal[", "function-"))))

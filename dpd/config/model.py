@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-API_VERSION = "inference.dpd.dev/v1"
+API_VERSION: Final = "inference.dpd.dev/v1"
 # The reference resource's group; accepted so a user's existing resource loads unchanged.
 REFERENCE_API_VERSION = "inference.sagemaker.aws.amazon.com/v1"
-KIND = "InferenceEndpointConfig"
+KIND: Final = "InferenceEndpointConfig"
 DEFAULT_ROUTING_THRESHOLD_TOKENS = 2048
 
 

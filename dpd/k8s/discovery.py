@@ -108,7 +108,10 @@ class EndpointSliceWatcher:
         return listing.get("metadata", {}).get("resourceVersion", "")
 
     async def _watch(self, resource_version: str) -> str:
-        path = f"{self._path}&watch=1&allowWatchBookmarks=true&resourceVersion={resource_version}&timeoutSeconds={int(self._watch_timeout_s)}"
+        path = (
+            f"{self._path}&watch=1&allowWatchBookmarks=true"
+            f"&resourceVersion={resource_version}&timeoutSeconds={int(self._watch_timeout_s)}"
+        )
         async for event in self._api.watch(path, self._watch_timeout_s):
             kind, obj = event.get("type"), event.get("object") or {}
             if kind == "ERROR":

@@ -31,7 +31,8 @@ def operator_manifests(namespace: str = "dpd-system", image: str = DPD_IMAGE) ->
         # kopf: events, CRD discovery, its own webhook configuration, namespaces to watch.
         {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
         {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["get", "list", "watch"]},
-        {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["validatingwebhookconfigurations"], "verbs": ["get", "list", "watch", "create", "patch"]},
+        {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["validatingwebhookconfigurations"],
+         "verbs": ["get", "list", "watch", "create", "patch"]},
         {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]},
         *({"apiGroups": [group], "resources": resources, "verbs": crud} for group, resources in MANAGED),
     ]
@@ -48,7 +49,8 @@ def operator_manifests(namespace: str = "dpd-system", image: str = DPD_IMAGE) ->
         crd(),
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": OPERATOR_NAME, "labels": labels}, "rules": rules},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": OPERATOR_NAME, "labels": labels},
+         "rules": rules},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": OPERATOR_NAME, "labels": labels},
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": OPERATOR_NAME},
          "subjects": [{"kind": "ServiceAccount", "name": OPERATOR_NAME, "namespace": namespace}]},

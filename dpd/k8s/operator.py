@@ -45,7 +45,9 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     cert_dir = os.environ.get("DPD_WEBHOOK_CERT_DIR")
     # With a cert-manager (or any kubernetes.io/tls) Secret mounted there, serve that
     # certificate; without, kopf makes a self-signed one (its optional `certbuilder` extra).
-    tls = {"certfile": f"{cert_dir}/tls.crt", "pkeyfile": f"{cert_dir}/tls.key", "cafile": f"{cert_dir}/ca.crt"} if cert_dir else {}
+    tls: dict[str, Any] = (
+        {"certfile": f"{cert_dir}/tls.crt", "pkeyfile": f"{cert_dir}/tls.key", "cafile": f"{cert_dir}/ca.crt"} if cert_dir else {}
+    )
     settings.admission.server = kopf.WebhookServer(addr="0.0.0.0", port=WEBHOOK_PORT, host=host, **tls)
     settings.admission.managed = WEBHOOK_CONFIG
 

@@ -243,7 +243,10 @@ def _router_template(config: InferenceEndpointConfig, n: dict[str, str], images:
 def _rbac(config: InferenceEndpointConfig, n: dict[str, str]) -> list[dict]:
     meta = _meta(config, n["router"], "router")
     rules = [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]}]
-    subject = {"kind": "ServiceAccount", "name": n["router"], **({"namespace": config.metadata.namespace} if config.metadata.namespace else {})}
+    subject = {
+        "kind": "ServiceAccount", "name": n["router"],
+        **({"namespace": config.metadata.namespace} if config.metadata.namespace else {}),
+    }
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta, "rules": rules},
@@ -330,10 +333,13 @@ def render_config(config: InferenceEndpointConfig, document: dict[str, Any], opt
         if pool in scaling:
             objects.append(hpa(n[pool], n[pool], labels(config, pool), ns, scaling[pool]))
     objects += _network_policies(config, n)
-    objects.append({"apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor", "metadata": _meta(config, config.metadata.name, "metrics"), "spec": {
-        "selector": {"matchLabels": {"app.kubernetes.io/instance": config.metadata.name, METRICS_LABEL: "true"}},
-        "endpoints": [{"port": "http", "path": "/metrics", "interval": "15s"}],
-    }})
+    objects.append({
+        "apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor", "metadata": _meta(config, config.metadata.name, "metrics"),
+        "spec": {
+            "selector": {"matchLabels": {"app.kubernetes.io/instance": config.metadata.name, METRICS_LABEL: "true"}},
+            "endpoints": [{"port": "http", "path": "/metrics", "interval": "15s"}],
+        },
+    })
     return objects
 
 

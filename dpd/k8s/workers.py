@@ -172,7 +172,10 @@ def pod_template(
         affinity = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
     else:
         affinity = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "podAffinityTerm": term}]}}
-    pod: dict[str, Any] = {"affinity": affinity, "containers": [container], "terminationGracePeriodSeconds": DRAIN_NOTICE_S + drain_seconds(config) + TEARDOWN_S}
+    pod: dict[str, Any] = {
+        "affinity": affinity, "containers": [container],
+        "terminationGracePeriodSeconds": DRAIN_NOTICE_S + drain_seconds(config) + TEARDOWN_S,
+    }
     if init:
         pod["initContainers"] = init
     if pool.nodeSelector:

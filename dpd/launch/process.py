@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
 # Loaded once here: dlopen between fork and exec of a multi-threaded parent can deadlock.
+_LIBC: ctypes.CDLL | None
 try:
     _LIBC = ctypes.CDLL("libc.so.6", use_errno=True)
 except OSError:  # not glibc: workers then only die with the launcher through stop()
@@ -92,7 +93,7 @@ class WorkerProcess:
         try:
             async with session.get(f"{self.plan.url}/health", timeout=aiohttp.ClientTimeout(total=2)) as resp:
                 return resp.status == 200
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        except (TimeoutError, aiohttp.ClientError, OSError):
             return False
 
     def last_lines(self, n: int = 30) -> list[str]:
@@ -118,7 +119,7 @@ class WorkerProcess:
             self.kill_group(signal.SIGTERM)
             try:
                 await asyncio.wait_for(self._proc.wait(), grace_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 log.warning("%s did not stop in %.0fs; killing it", self.plan.name, grace_s)
         # Whatever the leader did, nothing of its group may survive it.
         self.kill_group(signal.SIGKILL)

@@ -128,7 +128,8 @@ class Endpoint:
         if server_task.done():
             self.say("router failed to start")
             return 1
-        self.say(f"ready: http://{router_spec.host}:{router_spec.port}/v1 (model {spec.modelName!r}, {settings.routing_policy} routing, threshold {settings.threshold_tokens} tokens)")
+        self.say(f"ready: http://{router_spec.host}:{router_spec.port}/v1 (model {spec.modelName!r}, "
+                 f"{settings.routing_policy} routing, threshold {settings.threshold_tokens} tokens)")
         stop_wait = asyncio.create_task(self._stop.wait())
         await asyncio.wait({stop_wait, server_task}, return_when=asyncio.FIRST_COMPLETED)
         is_router_crash = not self._stop.is_set()

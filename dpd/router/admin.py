@@ -89,7 +89,7 @@ class AdminApi:
         router = self.router
         if request.method == "PUT":
             body = await _json_body(request)
-            value = body.get("threshold_tokens")
+            value: Any = body.get("threshold_tokens")  # unchecked JSON: set_threshold validates it
             try:
                 router.routing.set_threshold(value)
             except (TypeError, ValueError) as exc:

@@ -72,7 +72,7 @@ class AdmissionGate:
         self._waiters.append(waiter)
         try:
             await asyncio.wait_for(asyncio.shield(waiter), self.queue_timeout_s)
-        except (asyncio.TimeoutError, asyncio.CancelledError) as exc:
+        except (TimeoutError, asyncio.CancelledError) as exc:
             if waiter.done() and not waiter.cancelled():
                 # The slot was handed to us just as we gave up: pass it on.
                 self.release()

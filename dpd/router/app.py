@@ -35,14 +35,13 @@ from starlette.routing import Route
 from dpd.config.model import EndpointSpec, PdSpec, RouterSpec, TenantSpec
 from dpd.router.admin import AdminApi, WorkerControl
 from dpd.router.admission import gate_from_spec
-from dpd.router.breaker import BreakerState, CircuitBreaker
 from dpd.router.aggregate import StreamAggregator, is_usage_only
+from dpd.router.breaker import BreakerState, CircuitBreaker
 from dpd.router.errors import ApiError, bad_request, model_not_found, worker_failed
 from dpd.router.flow import WORKER_ERRORS, PdFlow, RequestContext, UpstreamStream
 from dpd.router.metrics import RouterMetrics
 from dpd.router.pick import make_picker
 from dpd.router.pools import HealthProber, Pool, Worker, make_pool
-from dpd.router.routing import RoutingPolicy, priors_from
 from dpd.router.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -52,6 +51,7 @@ from dpd.router.protocol import (
     parse_tokenize,
     requested_max_tokens,
 )
+from dpd.router.routing import RoutingPolicy, priors_from
 from dpd.router.streaming import ClientGone, RelayResponse, TokenTimer, noop, until_disconnect
 from dpd.router.tenants import Tenant, TenantRegistry
 from dpd.router.tokens import TokenCounter, Tokenizer, load_tokenizer
@@ -318,7 +318,7 @@ class Router:
                     continue
                 yield raw + b"\n\n"
             yield b"data: [DONE]\n\n"
-        except (*WORKER_ERRORS, asyncio.TimeoutError) as exc:
+        except (TimeoutError, *WORKER_ERRORS) as exc:
             outcome = "worker_error"
             stream.worker.breaker.record_failure(f"stream broke: {exc.__class__.__name__}")
             error = worker_failed(stream.worker.pool, stream.worker.name, f"stream broke: {exc.__class__.__name__}")
@@ -347,7 +347,7 @@ class Router:
                 aggregator.add(chunk)
             outcome = "ok"
             return aggregator.result()
-        except (*WORKER_ERRORS, asyncio.TimeoutError) as exc:
+        except (TimeoutError, *WORKER_ERRORS) as exc:
             stream.worker.breaker.record_failure(f"stream broke: {exc.__class__.__name__}")
             raise worker_failed(stream.worker.pool, stream.worker.name, f"stream broke: {exc.__class__.__name__}") from None
         except asyncio.CancelledError:
@@ -462,6 +462,7 @@ def build_app(router: Router) -> Starlette:
     ]
     return Starlette(
         routes=routes,
-        exception_handlers={HTTPException: http_error, ApiError: api_error},
+        # starlette types a handler as taking any Exception; each of these takes its own type.
+        exception_handlers={HTTPException: http_error, ApiError: api_error},  # type: ignore[dict-item]
         lifespan=lifespan,
     )

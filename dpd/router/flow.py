@@ -321,7 +321,7 @@ class PdFlow:
                     breaker.record_failure(f"prefill hop: HTTP {resp.status}")
                     return None, "prefill_error"
                 data = await resp.json(content_type=None)
-        except asyncio.TimeoutError:  # the hop's deadline (aiohttp's own timeouts are connection errors)
+        except TimeoutError:  # the hop's deadline (aiohttp's own timeouts are connection errors)
             log.warning("request %s: prefill %s timed out", ctx.request_id, worker.name)
             breaker.record_failure("prefill hop timed out")
             return None, "prefill_timeout"
@@ -360,6 +360,7 @@ class PdFlow:
             )
         except _Stall:
             release()
+            assert worker is not None  # only _open, with a worker taken, raises _Stall
             self._metrics.pd_stalls.labels(worker.name, prefiller).inc()
             log.warning(
                 "request %s: no first token from %s within %.1fs after prefill on %s (P/D stall)",
@@ -400,7 +401,9 @@ class PdFlow:
                 )
             except _Stall:
                 worker.breaker.record_failure("no first token before the direct-path deadline")
-                raise worker_timeout("decode", worker.name, f"before the first token ({self._spec.directFirstTokenTimeoutS:.0f}s)") from None
+                raise worker_timeout(
+                    "decode", worker.name, f"before the first token ({self._spec.directFirstTokenTimeoutS:.0f}s)"
+                ) from None
             except ApiError as error:
                 if error.status < 500 or attempt == retry.maxAttempts - 1:
                     raise

@@ -217,7 +217,7 @@ class HealthProber:
                     worker.record_probe(True)
                 else:
                     worker.record_probe(False, f"/health returned {resp.status}")
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             worker.record_probe(False, f"/health unreachable: {exc.__class__.__name__}")
         if self._on_change and was_state is not worker.breaker.state:
             self._on_change(worker)

@@ -109,7 +109,11 @@ def _param_of(loc: tuple[Any, ...]) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif isinstance(part, str) and not part.startswith(("literal[", "list[", "constrained-", "function-")) and part not in {"str", "int", "float", "bool", "dict", "list", "none", "is-instance[TextPart]"}:
+        elif (
+            isinstance(part, str)
+            and not part.startswith(("literal[", "list[", "constrained-", "function-"))
+            and part not in {"str", "int", "float", "bool", "dict", "list", "none", "is-instance[TextPart]"}
+        ):
             out += ("." if out else "") + part
     return out
 
@@ -126,7 +130,9 @@ def parse_body(raw: bytes, kind: type[_Request]) -> tuple[dict[str, Any], _Reque
 def parse_tokenize(raw: bytes) -> TokenizeCompletionRequest | TokenizeChatRequest:
     """A ``/tokenize`` body: with ``messages`` a chat, else a prompt."""
     body = _load_object(raw)
-    return _validate(body, TokenizeChatRequest if "messages" in body else TokenizeCompletionRequest)
+    if "messages" in body:
+        return _validate(body, TokenizeChatRequest)
+    return _validate(body, TokenizeCompletionRequest)
 
 
 def parse_detokenize(raw: bytes) -> DetokenizeRequest:

@@ -7,7 +7,8 @@ then tokenized without adding special tokens again. Token-id prompts are counted
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from collections.abc import Sized
+from typing import Any, Protocol, cast
 
 from dpd.router.protocol import ChatCompletionRequest, CompletionRequest
 
@@ -24,14 +25,14 @@ def load_tokenizer(path: str) -> Tokenizer:
     # transformers' tokenizer classes do not import torch.
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(path)
+    return cast(Tokenizer, AutoTokenizer.from_pretrained(path))
 
 
 class TokenCounter:
     def __init__(self, tokenizer: Tokenizer):
         self._tokenizer = tokenizer
         # Ids the model knows (added tokens included); None when the tokenizer cannot say.
-        self._num_ids: int | None = len(tokenizer) if hasattr(tokenizer, "__len__") else None
+        self._num_ids: int | None = len(cast(Sized, tokenizer)) if hasattr(tokenizer, "__len__") else None
 
     def count(self, parsed: CompletionRequest | ChatCompletionRequest) -> int:
         if isinstance(parsed, ChatCompletionRequest):

@@ -18,17 +18,17 @@ The endpoint starts once for the module (~2.5 min on 2 cores). Steps, in file or
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
 import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
 import requests
 
-from tests.integration.helpers import GREEDY_RECORD, scrape, wait_healthy
 from dpd.launch.child import ServeProcess, write_config
+from tests.integration.helpers import GREEDY_RECORD, scrape, wait_healthy
 
 pytestmark = pytest.mark.integration
 
@@ -101,7 +101,9 @@ def test_tokenize_counts_what_vllm_counts(endpoint, make_prompt):
     assert counted["count"] == served["usage"]["prompt_tokens"] == len(counted["tokens"])
     messages = [{"role": "user", "content": "Name three colours."}]
     counted = requests.post(endpoint.url + "/tokenize", json={"model": MODEL, "messages": messages}, timeout=30).json()
-    served = requests.post(endpoint.url + "/v1/chat/completions", json={"model": MODEL, "messages": messages, "max_tokens": 1}, timeout=60).json()
+    served = requests.post(
+        endpoint.url + "/v1/chat/completions", json={"model": MODEL, "messages": messages, "max_tokens": 1}, timeout=60
+    ).json()
     assert counted["count"] == served["usage"]["prompt_tokens"]
     text = requests.post(endpoint.url + "/detokenize", json={"model": MODEL, "tokens": counted["tokens"]}, timeout=30).json()["prompt"]
     assert "Name three colours." in text
@@ -283,7 +285,7 @@ def test_adaptive_busy_worker_is_not_waited_for(endpoint, make_prompt):
             first = pool.submit(_served, endpoint, make_prompt(2000, seed=401), 8)
             time.sleep(0.5)  # the router has queued the first one's prefill tokens
             second = pool.submit(_served, endpoint, make_prompt(2000, seed=402), 8)
-            (_, _, w1), (path2, reason2, w2) = first.result(), second.result()
+            (_, _, w1), (_, reason2, w2) = first.result(), second.result()
         assert _prefiller(w1) != _prefiller(w2), (w1, w2)
         assert reason2 in ("prefill_queue_long", "split_no_gain", "decoder_busy"), reason2
         state = requests.get(endpoint.url + "/admin/workers", timeout=10).json()

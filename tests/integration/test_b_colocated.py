@@ -16,9 +16,9 @@ import openai
 import pytest
 import requests
 
-from tests.integration.helpers import GREEDY_RECORD, scrape
 from dpd.launch.child import ServeProcess, write_config
 from dpd.router.tenants import hash_key
+from tests.integration.helpers import GREEDY_RECORD, scrape
 from tests.integration.test_a_disaggregated import WORKER_ARGS
 
 pytestmark = pytest.mark.integration

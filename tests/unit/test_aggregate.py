@@ -111,7 +111,10 @@ def chat_lp(*tokens):
 
 CHAT_CASES = [
     pytest.param(
-        [ROLE, chat_chunk({"content": "Hel"}), chat_chunk({"content": "lo"}), chat_chunk({}, finish_reason="stop"), usage_chunk("chat.completion.chunk")],
+        [
+            ROLE, chat_chunk({"content": "Hel"}), chat_chunk({"content": "lo"}), chat_chunk({}, finish_reason="stop"),
+            usage_chunk("chat.completion.chunk"),
+        ],
         {"role": "assistant", "content": "Hello"},
         None,
         "stop",

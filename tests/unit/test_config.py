@@ -1,6 +1,7 @@
 """Config loading and validation: every error names its field path and the allowed values."""
 
 import pytest
+from pydantic import ValidationError
 
 from dpd.config import ConfigError, load_config, parse_config
 from dpd.config.model import DEFAULT_ROUTING_THRESHOLD_TOKENS
@@ -51,12 +52,18 @@ def test_reference_resource_fields_are_accepted():
         ({"pdSpec": {"decodingSpec": {"replicas": 0}}}, "decodingSpec.replicas must be at least 1"),
         ({"pdSpec": {"routingThreshold": -5}}, "spec.pdSpec.routingThreshold: Input should be greater than or equal to 0"),
         ({"pdSpec": {"routingThreshold": "high"}}, "spec.pdSpec.routingThreshold: Input should be a valid integer"),
-        ({"pdSpec": {"router": {"picker": "round-robin"}}}, "spec.pdSpec.router.picker: Input should be 'least-outstanding' or 'power-of-two'"),
-        ({"pdSpec": {"kvTransferSpec": {"connector": "P2pNccl"}}}, "spec.pdSpec.kvTransferSpec.connector: Input should be 'NixlConnector'"),
-        ({"pdSpec": {"kvTransferSpec": {"bufferDevice": "tpu"}}}, "spec.pdSpec.kvTransferSpec.bufferDevice: Input should be 'cpu' or 'cuda'"),
-        ({"pdSpec": {"kvTransferSpec": {"backends": []}}}, "spec.pdSpec.kvTransferSpec.backends: Value error, at least one backend is required"),
-        ({"pdSpec": {"kvCacheOffloadingSpec": {"disk": {"path": "rel/dir", "sizeGiB": 1}}}}, "spec.pdSpec.kvCacheOffloadingSpec.disk.path: Value error, must be an absolute path"),
-        ({"pdSpec": {"kvCacheOffloadingSpec": {"cpuGiB": -1}}}, "spec.pdSpec.kvCacheOffloadingSpec.cpuGiB: Input should be greater than or equal to 0"),
+        ({"pdSpec": {"router": {"picker": "round-robin"}}},
+         "spec.pdSpec.router.picker: Input should be 'least-outstanding' or 'power-of-two'"),
+        ({"pdSpec": {"kvTransferSpec": {"connector": "P2pNccl"}}},
+         "spec.pdSpec.kvTransferSpec.connector: Input should be 'NixlConnector'"),
+        ({"pdSpec": {"kvTransferSpec": {"bufferDevice": "tpu"}}},
+         "spec.pdSpec.kvTransferSpec.bufferDevice: Input should be 'cpu' or 'cuda'"),
+        ({"pdSpec": {"kvTransferSpec": {"backends": []}}},
+         "spec.pdSpec.kvTransferSpec.backends: Value error, at least one backend is required"),
+        ({"pdSpec": {"kvCacheOffloadingSpec": {"disk": {"path": "rel/dir", "sizeGiB": 1}}}},
+         "spec.pdSpec.kvCacheOffloadingSpec.disk.path: Value error, must be an absolute path"),
+        ({"pdSpec": {"kvCacheOffloadingSpec": {"cpuGiB": -1}}},
+         "spec.pdSpec.kvCacheOffloadingSpec.cpuGiB: Input should be greater than or equal to 0"),
         ({"pdSpec": {"prefillSpec": {"args": ["--port", "1"]}}}, "spec.pdSpec.prefillSpec.args: Value error, --port is set by dpd"),
         ({"pdSpec": {"prefilSpec": {}}}, "spec.pdSpec.prefilSpec: unknown field"),
         ({"modelSourceConfig": {"modelSourceType": "local"}}, "modelLocation is required when modelSourceType is 'local'"),
@@ -102,5 +109,5 @@ def test_unreadable_and_malformed_files(tmp_path):
 
 def test_config_is_immutable():
     config = load_config()
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError):
         config.spec.pdSpec.routingThreshold = 5  # type: ignore[misc]

@@ -122,9 +122,12 @@ def test_invalid_configs_are_rejected_by_schema_and_webhook_like_dpd_validate(pa
 @pytest.mark.parametrize(
     "path, value, expected",
     [
-        ("spec.pdSpec.prefilSpec", {"replicas": 2}, ["spec.pdSpec.prefilSpec: unknown field (check spelling; see `dpd validate --schema`)"]),
-        ("spec.pdSpec.decodingSpec.replicas", 0, ["spec.pdSpec: Value error, decodingSpec.replicas must be at least 1: every request is decoded"]),
-        ("spec.modelSourceConfig", {"modelSourceType": "hub"}, ["spec.modelSourceConfig: Value error, modelLocation is required when modelSourceType is 'hub'"]),
+        ("spec.pdSpec.prefilSpec", {"replicas": 2},
+         ["spec.pdSpec.prefilSpec: unknown field (check spelling; see `dpd validate --schema`)"]),
+        ("spec.pdSpec.decodingSpec.replicas", 0,
+         ["spec.pdSpec: Value error, decodingSpec.replicas must be at least 1: every request is decoded"]),
+        ("spec.modelSourceConfig", {"modelSourceType": "hub"},
+         ["spec.modelSourceConfig: Value error, modelLocation is required when modelSourceType is 'hub'"]),
     ],
 )
 def test_what_only_the_webhook_catches(path, value, expected):

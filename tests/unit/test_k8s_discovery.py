@@ -9,13 +9,13 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from dpd.config.model import AdaptiveSpec
 from dpd.k8s.api import KubeApi
 from dpd.k8s.discovery import Endpoint, EndpointSliceWatcher, ready_endpoints
 from dpd.k8s.router_main import ThresholdReloader, load_document, on_group_change, sync_pool
-from dpd.config.model import AdaptiveSpec
-from dpd.router.routing import RoutingPolicy
 from dpd.router.metrics import RouterMetrics
 from dpd.router.pools import make_pool
+from dpd.router.routing import RoutingPolicy
 
 SERVICES = {"prefill": "ep-prefill", "decode": "ep-decode"}
 
@@ -66,10 +66,12 @@ class ScriptedApiServer:
         ]
         self.watches = [
             [
-                {"type": "MODIFIED", "object": eps("ep-decode-a", "ep-decode", "11", [("decode-0", "10.0.1.1", True), ("decode-1", "10.0.1.2", True)])},
+                {"type": "MODIFIED",
+                 "object": eps("ep-decode-a", "ep-decode", "11", [("decode-0", "10.0.1.1", True), ("decode-1", "10.0.1.2", True)])},
                 {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "12"}}},
                 {"type": "ADDED", "object": eps("ep-prefill-b", "ep-prefill", "13", [("prefill-1", "10.0.0.2", True)])},
-                {"type": "MODIFIED", "object": eps("ep-decode-a", "ep-decode", "14", [("decode-0", "10.0.1.1", True), ("decode-1", "10.0.1.2", True)])},
+                {"type": "MODIFIED",
+                 "object": eps("ep-decode-a", "ep-decode", "14", [("decode-0", "10.0.1.1", True), ("decode-1", "10.0.1.2", True)])},
             ],
             [
                 {"type": "DELETED", "object": eps("ep-prefill-a", "ep-prefill", "15", [])},
@@ -170,4 +172,6 @@ def test_threshold_reloads_from_the_mounted_config(tmp_path):
     assert reloader.reload_once() is True and router.routing.threshold_tokens == 512
     config.write_text("kind: InferenceEndpointConfig\nspec: {pdSpec: {routingThreshold: -5}}\n")
     assert reloader.reload_once() is False and router.routing.threshold_tokens == 512  # a bad file keeps the value
-    assert load_document(str(config), str(secrets))["spec"]["pdSpec"]["router"] == {"adminKeySha256": "abababababababababababababababababababababababababababababababab"}
+    assert load_document(str(config), str(secrets))["spec"]["pdSpec"]["router"] == {
+        "adminKeySha256": "abababababababababababababababababababababababababababababababab"
+    }

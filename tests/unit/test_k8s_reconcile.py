@@ -13,12 +13,12 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from dpd.config.model import AdaptiveSpec
 from dpd.k8s.install import operator_manifests
 from dpd.k8s.reconcile import LAST_APPLIED, merge_patch, plan_update, reconcile
 from dpd.k8s.router_main import ThresholdReloader
-from dpd.config.model import AdaptiveSpec
-from dpd.router.routing import RoutingPolicy
 from dpd.router.metrics import RouterMetrics
+from dpd.router.routing import RoutingPolicy
 from tests.unit.k8s_fake import FakeApiServer, apply_merge_patch
 
 NS = "inference"

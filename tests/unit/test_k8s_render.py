@@ -37,10 +37,15 @@ SERVICE_MONITOR_SCHEMA = {
             "required": ["selector", "endpoints"],
             "additionalProperties": False,
             "properties": {
-                "selector": {"type": "object", "properties": {"matchLabels": {"type": "object", "additionalProperties": {"type": "string"}}}},
+                "selector": {
+                    "type": "object", "properties": {"matchLabels": {"type": "object", "additionalProperties": {"type": "string"}}},
+                },
                 "endpoints": {"type": "array", "minItems": 1, "items": {"type": "object", "additionalProperties": False, "properties": {
                     "port": {"type": "string"}, "path": {"type": "string"},
-                    "interval": {"type": "string", "pattern": "^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"},
+                    "interval": {
+                        "type": "string",
+                        "pattern": "^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$",
+                    },
                 }}},
             },
         },
@@ -186,7 +191,9 @@ def test_workers_are_reachable_only_from_the_router_and_each_other():
     policy = by_kind(rendered("examples/minimal.yaml"), "NetworkPolicy", "-workers")["spec"]
     assert policy["policyTypes"] == ["Ingress"]
     peers, metrics = policy["ingress"]
-    assert peers["from"][0]["podSelector"]["matchExpressions"][0]["values"] == ["router", "prefill", "decode", "prefill-dedicated", "decode-dedicated"]
+    assert peers["from"][0]["podSelector"]["matchExpressions"][0]["values"] == [
+        "router", "prefill", "decode", "prefill-dedicated", "decode-dedicated"
+    ]
     assert peers["from"][0]["podSelector"]["matchLabels"] == {"app.kubernetes.io/instance": "smollm2-minimal"}
     assert metrics["ports"] == [{"port": "http", "protocol": "TCP"}]  # Prometheus: HTTP only, no NIXL
 
@@ -220,17 +227,24 @@ def test_router_restarts_only_for_what_it_reads_at_start():
     assert config_hash(public, {}) == base
     public["spec"]["pdSpec"]["router"] = {"picker": "power-of-two"}
     assert config_hash(public, {}) != base
-    assert config_hash(split_secrets(yaml.safe_load(Path("examples/minimal.yaml").read_text()))[0], {"adminKeySha256": "abababababababababababababababababababababababababababababababab"}) != base
+    public_minimal = split_secrets(yaml.safe_load(Path("examples/minimal.yaml").read_text()))[0]
+    assert config_hash(public_minimal, {"adminKeySha256": "abababababababababababababababababababababababababababababababab"}) != base
 
 
 @pytest.mark.parametrize(
     "spec, problem",
     [
-        ({"prefillAutoScaling": {"minReplicaCount": 1}}, "spec.pdSpec.autoScalingSpec.prefillAutoScaling.maxReplicaCount: required field is missing"),
-        ({"prefillAutoScaling": {"minReplicaCount": 4, "maxReplicaCount": 2}}, "spec.pdSpec.autoScalingSpec.prefillAutoScaling.maxReplicaCount: must be >= minReplicaCount (4), got 2"),
-        ({"decodeAutoScaling": {}}, "spec.pdSpec.autoScalingSpec.decodeAutoScaling: unknown field; allowed: prefillAutoScaling, decodingAutoScaling"),
-        ({"decodingAutoScaling": {"maxReplicaCount": 2, "targetValue": -1}}, "spec.pdSpec.autoScalingSpec.decodingAutoScaling.targetValue: must be a number > 0, got -1"),
-        ({"decodingAutoScaling": {"maxReplicaCount": 2, "metric": "num_requests_waiting"}}, "spec.pdSpec.autoScalingSpec.decodingAutoScaling.metric: must be one of num_requests_running, kv_cache_usage, got 'num_requests_waiting'"),
+        ({"prefillAutoScaling": {"minReplicaCount": 1}},
+         "spec.pdSpec.autoScalingSpec.prefillAutoScaling.maxReplicaCount: required field is missing"),
+        ({"prefillAutoScaling": {"minReplicaCount": 4, "maxReplicaCount": 2}},
+         "spec.pdSpec.autoScalingSpec.prefillAutoScaling.maxReplicaCount: must be >= minReplicaCount (4), got 2"),
+        ({"decodeAutoScaling": {}},
+         "spec.pdSpec.autoScalingSpec.decodeAutoScaling: unknown field; allowed: prefillAutoScaling, decodingAutoScaling"),
+        ({"decodingAutoScaling": {"maxReplicaCount": 2, "targetValue": -1}},
+         "spec.pdSpec.autoScalingSpec.decodingAutoScaling.targetValue: must be a number > 0, got -1"),
+        ({"decodingAutoScaling": {"maxReplicaCount": 2, "metric": "num_requests_waiting"}},
+         "spec.pdSpec.autoScalingSpec.decodingAutoScaling.metric: "
+         "must be one of num_requests_running, kv_cache_usage, got 'num_requests_waiting'"),
     ],
 )
 def test_autoscaling_mistakes_name_the_field(spec, problem):
@@ -319,7 +333,10 @@ def test_only_the_shared_group_autoscales():
 
 def test_anti_affinity_spreads_a_pool_across_its_groups():
     objects = render(with_tenants())
-    pods = {o["metadata"]["name"]: o["spec"]["template"] for o in objects if o["kind"] == "Deployment" and "router" not in o["metadata"]["name"]}
+    pods = {
+        o["metadata"]["name"]: o["spec"]["template"]
+        for o in objects if o["kind"] == "Deployment" and "router" not in o["metadata"]["name"]
+    }
     for name, template in pods.items():
         pool = "prefill" if "-prefill" in name else "decode"
         affinity = template["spec"]["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]

@@ -69,7 +69,9 @@ class ScriptedWorker:
             await asyncio.sleep(self.prefill_delay_s)
             if self.prefill_status != 200:
                 return web.json_response({"error": {"message": "boom"}}, status=self.prefill_status)
-            return web.json_response({"choices": [{"text": "x"}], "kv_transfer_params": {"remote_request_id": "r", "do_remote_prefill": True}})
+            return web.json_response(
+                {"choices": [{"text": "x"}], "kv_transfer_params": {"remote_request_id": "r", "do_remote_prefill": True}}
+            )
         if self.num_decode_failures > 0:
             self.num_decode_failures -= 1
             return web.json_response({"error": {"message": "engine dead"}}, status=500)
@@ -80,7 +82,10 @@ class ScriptedWorker:
         for i, text in enumerate("abc"):
             if i:
                 await asyncio.sleep(self.token_delay_s)
-            chunk = {"id": "c", "created": 1, "model": "m", "choices": [{"index": 0, "text": text, "finish_reason": "length" if i == 2 else None}]}
+            chunk = {
+                "id": "c", "created": 1, "model": "m",
+                "choices": [{"index": 0, "text": text, "finish_reason": "length" if i == 2 else None}],
+            }
             await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
         usage = {"id": "c", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}}
         await resp.write(b"data: " + json.dumps(usage).encode() + b"\n\ndata: [DONE]\n\n")

@@ -25,7 +25,9 @@ def auth(name: str) -> dict[str, str]:
 
 async def test_prefill_pool_breaker_sends_long_prompts_direct_then_recovers(make_router):
     prefill = ScriptedWorker(prefill_status=500)
-    client = await make_router(prefill, ScriptedWorker(), threshold=10, breaker={"poolFailureThreshold": 2, "openS": 0.5, "failureThreshold": 10})
+    client = await make_router(
+        prefill, ScriptedWorker(), threshold=10, breaker={"poolFailureThreshold": 2, "openS": 0.5, "failureThreshold": 10}
+    )
     for _ in range(2):
         resp = await client.post("/v1/completions", json=LONG)
         assert resp.status_code == 200 and resp.headers["x-dpd-fallback"] == "prefill_error"

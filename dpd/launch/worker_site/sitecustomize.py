@@ -18,6 +18,7 @@ import os
 
 _delay_us = os.environ.get("DPD_NIXL_PROGRESS_DELAY_US")
 if _delay_us:
+    _delay_us_set: str = _delay_us  # narrowed from str | None, for the closure below
     try:
         import nixl._api as _nixl_api  # resolves to nixl_cu12/13._api
 
@@ -26,7 +27,7 @@ if _delay_us:
 
         def _agent_with_progress_delay(name, config, *args, **kwargs):
             if getattr(config, "useProgThread", False) and config.pthrDelay == 0:
-                config.pthrDelay = int(_delay_us)
+                config.pthrDelay = int(_delay_us_set)
             return _make_agent(name, config, *args, **kwargs)
 
         _bindings.nixlAgent = _agent_with_progress_delay
