@@ -9,7 +9,7 @@ a constant in the code (the config's priors only stand in until the first measur
 * ``prefill_tokens_per_s`` — measured prefill rate. The worker is treated as one server that
   works through its prefills in order: a prefill's *service time* runs from when it was sent or
   the previous prefill on the worker finished, whichever is later, to its own end; the sample
-  is its tokens over that time, smoothed (EWMA). Prompts shorter than ``min_sample_tokens`` are
+  is its tokens over that time; the rate is the median of recent samples (``RecentMedian``). Prompts shorter than ``min_sample_tokens`` are
   not sampled: their time is mostly fixed per-request overhead, not prefill;
 * ``prefill_utilization`` — the share of recent time the worker spent prefilling (an
   exponentially decayed sum of service times over ``window_s``): how much a stream placed on
@@ -17,8 +17,8 @@ a constant in the code (the config's priors only stand in until the first measur
 * ``decode_tokens_per_s`` — one stream's measured generation rate on the worker.
 
 ``EndpointLoad`` holds what is not per worker: the disaggregated path's own overhead (the
-decode hop's first-token latency: the KV pull plus one step and a hop) and the typical output
-length, both smoothed. A clock is injected so tests drive time by hand.
+decode hop's first-token latency: the KV pull plus one step and a hop; a recent median) and the
+typical output length (EWMA). A clock is injected so tests drive time by hand.
 """
 
 from __future__ import annotations
@@ -46,6 +46,37 @@ class Ewma:
             return
         self.value = sample if self.num_samples == 0 else self.value + self.alpha * (sample - self.value)
         self.num_samples += 1
+
+
+class RecentMedian:
+    """The median of the last ``window`` samples, or the prior until ``min_samples`` arrived.
+
+    NOTE: a median, not a mean: a worker's first requests after start-up run while vLLM
+    compiles for new shapes (a 2,000-token prefill measured 50 s instead of 6 s here), and the
+    first KV transfer registers memory; an EWMA seeded by such a sample would steer traffic
+    away from the worker for many requests, a median forgets it once the window has seen
+    ordinary ones."""
+
+    def __init__(self, prior: float, window: int = 8, min_samples: int = 3):
+        self.prior = prior
+        self.window = window
+        self.min_samples = min_samples
+        self._samples: list[float] = []
+        self.num_samples = 0
+
+    def add(self, sample: float) -> None:
+        if not math.isfinite(sample):
+            return
+        self._samples = [*self._samples[-(self.window - 1):], sample]
+        self.num_samples += 1
+
+    @property
+    def value(self) -> float:
+        if len(self._samples) < self.min_samples:
+            return self.prior
+        ordered = sorted(self._samples)
+        mid = len(ordered) // 2
+        return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 @dataclass
@@ -76,8 +107,8 @@ class WorkerLoad:
         self.queued_prefill_tokens = 0
         self.num_prefills = 0
         self.num_streams = 0
-        self.prefill_rate = Ewma(priors.prefill_tokens_per_s)
-        self.decode_rate = Ewma(priors.decode_tokens_per_s)
+        self.prefill_rate = RecentMedian(priors.prefill_tokens_per_s)
+        self.decode_rate = RecentMedian(priors.decode_tokens_per_s)
         self._last_prefill_end = -math.inf
         self._busy_s = 0.0  # decayed sum of service times
         self._busy_at = clock()
@@ -155,11 +186,11 @@ class EndpointLoad:
     """Measurements that belong to the endpoint, not one worker."""
 
     priors: LoadPriors = field(default_factory=LoadPriors)
-    split_overhead: Ewma = field(init=False)
+    split_overhead: RecentMedian = field(init=False)
     output_tokens: Ewma = field(init=False)
     streams_per_decoder: Ewma = field(init=False)
 
     def __post_init__(self) -> None:
-        self.split_overhead = Ewma(self.priors.split_overhead_s)
+        self.split_overhead = RecentMedian(self.priors.split_overhead_s)
         self.output_tokens = Ewma(self.priors.output_tokens, alpha=0.1)
         self.streams_per_decoder = Ewma(0.0, alpha=0.1)

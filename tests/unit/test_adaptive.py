@@ -10,7 +10,7 @@ import pytest
 
 from dpd.router.adaptive import AdaptiveDecider, Candidates, recommended_threshold
 from dpd.router.decide import Path, Reason
-from dpd.router.load import EndpointLoad, LoadPriors, WorkerLoad
+from dpd.router.load import EndpointLoad, LoadPriors, RecentMedian, WorkerLoad
 from dpd.router.pools import Worker
 
 
@@ -117,15 +117,30 @@ def test_prefill_rate_is_measured_from_service_times_in_order():
     load = WorkerLoad(LoadPriors(prefill_tokens_per_s=100.0), clock)
     a = load.begin_prefill(1000)
     b = load.begin_prefill(2000)  # sent together: b waits for a on the worker
-    assert load.queued_prefill_tokens == 3000 and load.prefill_s(0) == pytest.approx(30.0)  # the prior
+    c = load.begin_prefill(500)
+    assert load.queued_prefill_tokens == 3500 and load.prefill_s(0) == pytest.approx(35.0)  # the prior
     clock.now += 2.0
     load.end_prefill(a, is_ok=True)  # 1000 tokens in 2 s
-    assert load.prefill_tokens_per_s == pytest.approx(500.0)
     clock.now += 4.0
     load.end_prefill(b, is_ok=True)  # its service began when a ended: 2000 tokens in 4 s
+    assert load.prefill_tokens_per_s == 100.0  # two samples: still the prior
+    clock.now += 1.0
+    load.end_prefill(c, is_ok=True)
     assert load.prefill_tokens_per_s == pytest.approx(500.0)
     assert load.queued_prefill_tokens == 0 and load.num_prefills == 0
-    assert load.prefill_utilization() == pytest.approx(6.0 / 60.0, rel=0.05)  # 2 s of it decayed for 4 s
+    assert load.prefill_utilization() == pytest.approx(7.0 / 60.0, rel=0.1)  # decayed a little
+
+
+def test_a_cold_start_sample_is_forgotten():
+    """vLLM compiles on a worker's first requests: one very slow sample must not steer the
+    router away from the worker for long."""
+    rate = RecentMedian(500.0, window=8, min_samples=3)
+    for sample in (40.0, 480.0, 520.0):  # the first one cold
+        rate.add(sample)
+    assert rate.value == 480.0
+    for sample in (500.0,) * 8:
+        rate.add(sample)
+    assert rate.value == 500.0 and rate.num_samples == 11
 
 
 def test_failed_or_short_prefills_are_not_sampled_and_tickets_close_once():
@@ -153,8 +168,9 @@ def test_utilization_decays_with_idle_time():
 
 def test_decode_rate_from_streams():
     load = WorkerLoad(LoadPriors(decode_tokens_per_s=30.0), FakeClock())
-    load.begin_stream()
-    load.end_stream(41, 2.0)
+    for _ in range(3):
+        load.begin_stream()
+        load.end_stream(41, 2.0)  # 40 tokens after the first in 2 s
     assert load.num_streams == 0 and load.decode_tokens_per_s == pytest.approx(20.0)
 
 
