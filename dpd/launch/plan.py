@@ -48,6 +48,29 @@ def available_cores() -> list[int]:
     return sorted(os.sched_getaffinity(0))
 
 
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_has_native_bf16(cpuinfo_path: str = "/proc/cpuinfo") -> bool:
+    """Whether this CPU computes bf16 natively (AVX512_BF16 or AMX); unknown counts as yes."""
+    try:
+        with open(cpuinfo_path) as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), None)
+    except OSError:
+        return True
+    return flags is None or any(flag in flags for flag in BF16_CPU_FLAGS)
+
+
+def dtype_args(pool_args: tuple[str, ...], has_native_bf16: bool) -> list[str]:
+    """``--dtype float32`` for a CPU without native bf16, unless the pool chose a dtype.
+
+    NOTE: vLLM-CPU's default is the model's bf16, emulated on AVX2-only CPUs: measured on one
+    here, a 3,200-token prefill took 91–94 s in bf16 and 24–26 s in float32."""
+    if has_native_bf16 or any(a == "--dtype" or a.startswith("--dtype=") for a in pool_args):
+        return []
+    return ["--dtype", "float32"]
+
+
 def kv_transfer_config(config: InferenceEndpointConfig, kv_role: str) -> dict:
     kv = config.spec.pdSpec.kvTransferSpec
     return {
@@ -90,8 +113,11 @@ def plan_workers(
     is_colocated: bool = False,
     cores: list[int] | None = None,
     python: str = sys.executable,
+    has_native_bf16: bool | None = None,
 ) -> list[WorkerPlan]:
     spec = config.spec
+    if has_native_bf16 is None:
+        has_native_bf16 = cpu_has_native_bf16()
     pd = spec.pdSpec
     if pd.kvCacheOffloadingSpec.is_enabled and pd.kvTransferSpec.bufferDevice == "cpu":
         raise PlanError(
@@ -124,7 +150,7 @@ def plan_workers(
                 command += ["--tensor-parallel-size", str(pool.tensorParallelSize)]
             if kv_role is not None:
                 command += ["--kv-transfer-config", json.dumps(kv_transfer_config(config, kv_role), separators=(",", ":"))]
-            command += list(pool.args)
+            command += dtype_args(pool.args, has_native_bf16) + list(pool.args)
             env = {
                 **(_nixl_env(config) if kv_role is not None else {}),
                 "VLLM_CPU_KVCACHE_SPACE": f"{pool.kvCacheGiB:g}",

@@ -108,6 +108,10 @@ class Endpoint:
             self.say("warning: more worker cores requested than this machine has; workers share cores")
         run_dir = make_run_dir(self.config)
         self.say(f"mode: {'colocated' if self.is_colocated else 'disaggregated'}; worker logs in {run_dir}")
+        pd = self.config.spec.pdSpec
+        if any("float32" in plan.command for plan in plans) and "float32" not in pd.prefillSpec.args + pd.decodingSpec.args:
+            self.say("this CPU has no native bf16 (AVX512_BF16/AMX): workers run float32, several times faster here "
+                     "(set --dtype in a pool's args to override)")
         for plan in plans:
             self.say(f"  {plan.name}: port {plan.port}, cores {','.join(map(str, plan.cores))}, role {plan.kv_role or 'colocated'}")
         self._workers = [WorkerProcess(plan, run_dir) for plan in plans]

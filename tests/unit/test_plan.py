@@ -239,3 +239,26 @@ def test_nixl_progress_delay_env(delay_us, expect_shim):
             assert env["PYTHONPATH"].split(os.pathsep)[0].endswith("worker_site")
     for p in plan(cfg, is_colocated=True):
         assert "DPD_NIXL_PROGRESS_DELAY_US" not in dict(p.env)
+
+
+@pytest.mark.parametrize("has_bf16, args, expected", [
+    (False, (), "float32"),  # an AVX2-only CPU: bf16 would be emulated
+    (True, (), None),  # native bf16: vLLM's default
+    (False, ("--dtype", "bfloat16"), "bfloat16"),  # the pool's own choice stands
+    (False, ("--dtype=bfloat16",), None),
+])
+def test_dtype_follows_the_cpu(has_bf16, args, expected):
+    plans = plan(config(prefillSpec={"args": list(args)}, decodingSpec={"args": list(args)}), has_native_bf16=has_bf16)
+    for w in plans:
+        assert flag(w.command, "--dtype") == expected
+
+
+def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
+    from dpd.launch.plan import cpu_has_native_bf16
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu avx2 fma\n")
+    assert cpu_has_native_bf16(str(info)) is False
+    info.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16\n")
+    assert cpu_has_native_bf16(str(info)) is True
+    assert cpu_has_native_bf16(str(tmp_path / "missing")) is True
