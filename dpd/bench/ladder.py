@@ -58,8 +58,8 @@ class LadderSpec:
     rounds: int = 1
     threshold_tokens: int = 512  # the static split's threshold; also the short/long class boundary
     adaptive_floor_tokens: int = 0
-    max_prompt_tokens: int = 1024
-    max_output_tokens: int = 64
+    max_prompt_tokens: int = 768
+    max_output_tokens: int = 48
     model: str = "smollm2-135m"
     seed: int = 0
     burstiness: float = 1.0

@@ -39,7 +39,7 @@ def test_same_requests_at_every_rate(workload):
     assert [(r.num_prompt_tokens, r.num_output_tokens, r.source) for r in slow] == strip
     assert [(r.num_prompt_tokens, r.num_output_tokens, r.source) for r in fast] == strip
     assert [round(a.arrival_s / b.arrival_s, 9) for a, b in zip(slow[1:], fast[1:])] == [3.0] * 119
-    assert max(r.num_prompt_tokens for r in requests) <= 1024 and max(r.num_output_tokens for r in requests) <= 64
+    assert max(r.num_prompt_tokens for r in requests) <= 768 and max(r.num_output_tokens for r in requests) <= 48
 
 
 def test_trace_ships_with_the_package():
