@@ -34,6 +34,12 @@ def test_minimal_example_serves_locally_and_renders(tmp_path, make_prompt):
         serve.wait_ready()
         client = openai.OpenAI(base_url=serve.url + "/v1", api_key="unused", max_retries=0, timeout=300)
         threshold = serve.config.spec.pdSpec.routingThreshold
+        assert serve.config.spec.pdSpec.routingPolicy == "adaptive"  # the default: any path may serve
+        raw = client.chat.completions.with_raw_response.create(
+            model="smollm2-135m", messages=[{"role": "user", "content": make_prompt(threshold + 400, seed=1)}], max_tokens=8)
+        assert raw.headers["x-dpd-reason"] and raw.parse().choices[0].message.content
+        # The static split, switched live: both paths by prompt length.
+        assert requests.put(serve.url + "/admin/policy", json={"policy": "threshold"}, timeout=10).status_code == 200
         for tokens, path in ((100, "direct"), (threshold + 400, "disaggregated")):
             raw = client.chat.completions.with_raw_response.create(
                 model="smollm2-135m", messages=[{"role": "user", "content": make_prompt(tokens, seed=tokens)}], max_tokens=8)
