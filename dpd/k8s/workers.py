@@ -1,7 +1,7 @@
 """A pool spec → its worker pods: the vLLM container, the model volume, placement (pure).
 
-The worker command is the local launcher's (``dpd.launch.plan``): the same vLLM entry point,
-the same ``--kv-transfer-config`` from ``kv_transfer_config`` with the pool's kv role. What
+The worker command is the local launcher's (``dpd.launch.plan.vllm_args``, one builder for
+both): the same vLLM arguments and ``--kv-transfer-config`` with the pool's kv role. What
 differs on a cluster: every pod has its own IP, so the HTTP and NIXL side-channel ports are
 fixed (``WORKER_HTTP_PORT``, ``SIDE_CHANNEL_PORT``) and the side-channel host is the pod IP;
 there is no core pinning (the kubelet's CPU manager does that); GPUs, RDMA HCAs and EFA
@@ -10,12 +10,11 @@ interfaces are whatever ``resources`` requests.
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
 from dpd.config.model import InferenceEndpointConfig, PoolSpec
-from dpd.launch.plan import kv_transfer_config
+from dpd.launch.plan import KV_ROLES, vllm_args
 from dpd.models.bundled import BUNDLED_DIR_NAME, PREPARATION_VERSION
 
 WORKER_HTTP_PORT = 8000
@@ -23,7 +22,6 @@ SIDE_CHANNEL_PORT = 5600
 MODELS_DIR = "/models"
 # Where the dpd image keeps the NIXL progress-delay shim (Dockerfile: the repo at /opt/dpd).
 IMAGE_WORKER_SITE = "/opt/dpd/dpd/launch/worker_site"
-KV_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
 # preStop pause: time for the EndpointSlice update (pod terminating) to reach the router, so no
 # new request is routed to a worker that has begun its shutdown.
 DRAIN_NOTICE_S = 5
@@ -93,18 +91,8 @@ def worker_env(config: InferenceEndpointConfig, pool: PoolSpec) -> list[dict[str
 
 
 def worker_args(config: InferenceEndpointConfig, pool_name: str, pool: PoolSpec) -> list[str]:
-    spec = config.spec
-    args = [
-        "--model", model_argument(config),
-        "--served-model-name", spec.modelName,
-        "--host", "0.0.0.0",
-        "--port", str(WORKER_HTTP_PORT),
-        "--max-model-len", str(spec.maxModelLen),
-    ]
-    if pool.tensorParallelSize > 1:
-        args += ["--tensor-parallel-size", str(pool.tensorParallelSize)]
-    kv_config = kv_transfer_config(config, KV_ROLES[pool_name])
-    args += ["--kv-transfer-config", json.dumps(kv_config, separators=(",", ":"), sort_keys=True)]
+    args = vllm_args(config, pool, model=model_argument(config), host="0.0.0.0", port=WORKER_HTTP_PORT,
+                     kv_role=KV_ROLES[pool_name])
     # On SIGTERM vLLM finishes in-flight requests for up to this long instead of aborting them.
     args += ["--shutdown-timeout", str(drain_seconds(config))]
     return args + list(pool.args)

@@ -86,6 +86,28 @@ def kv_transfer_config(config: InferenceEndpointConfig, kv_role: str) -> dict:
     }
 
 
+KV_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}  # a pool's NIXL role: its preferred phase
+
+
+def vllm_args(config: InferenceEndpointConfig, pool: PoolSpec, *, model: str, host: str, port: int,
+              kv_role: str | None) -> list[str]:
+    """The vLLM server arguments of one worker, before the pool's own ``args`` — the one
+    builder the local launcher and the Kubernetes renderer share."""
+    spec = config.spec
+    args = [
+        "--model", model,
+        "--served-model-name", spec.modelName,
+        "--host", host,
+        "--port", str(port),
+        "--max-model-len", str(spec.maxModelLen),
+    ]
+    if pool.tensorParallelSize > 1:
+        args += ["--tensor-parallel-size", str(pool.tensorParallelSize)]
+    if kv_role is not None:
+        args += ["--kv-transfer-config", json.dumps(kv_transfer_config(config, kv_role), separators=(",", ":"), sort_keys=True)]
+    return args
+
+
 def _nixl_env(config: InferenceEndpointConfig) -> dict[str, str]:
     env = {"UCX_RCACHE_MAX_UNRELEASED": "1024"}  # what vLLM asks for; it cannot set it itself once NIXL is imported
     delay_us = config.spec.pdSpec.kvTransferSpec.nixlProgressDelayUs
@@ -133,24 +155,14 @@ def plan_workers(
     plans: list[WorkerPlan] = []
     index = 0
     for pool_name, pool in pools:
-        kv_role = None if is_colocated else ("kv_producer" if pool_name == "prefill" else "kv_consumer")
+        kv_role = None if is_colocated else KV_ROLES[pool_name]
         for replica in range(pool.replicas):
             port = local.workerBasePort + index
             side_port = local.sideChannelBasePort + stride * index
             worker_cores = core_sets[index]
-            command = [
-                python, "-m", "vllm.entrypoints.openai.api_server",
-                "--model", model_path,
-                "--served-model-name", spec.modelName,
-                "--host", "127.0.0.1",
-                "--port", str(port),
-                "--max-model-len", str(spec.maxModelLen),
-            ]
-            if pool.tensorParallelSize > 1:
-                command += ["--tensor-parallel-size", str(pool.tensorParallelSize)]
-            if kv_role is not None:
-                command += ["--kv-transfer-config", json.dumps(kv_transfer_config(config, kv_role), separators=(",", ":"))]
-            command += dtype_args(pool.args, has_native_bf16) + list(pool.args)
+            command = [python, "-m", "vllm.entrypoints.openai.api_server",
+                       *vllm_args(config, pool, model=model_path, host="127.0.0.1", port=port, kv_role=kv_role),
+                       *dtype_args(pool.args, has_native_bf16), *pool.args]
             env = {
                 **(_nixl_env(config) if kv_role is not None else {}),
                 "VLLM_CPU_KVCACHE_SPACE": f"{pool.kvCacheGiB:g}",
