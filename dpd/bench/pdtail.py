@@ -44,7 +44,7 @@ class PathSamples:
 
 
 async def _raw_pd(session: aiohttp.ClientSession, prefill_url: str, decode_url: str, model: str, prompt: str) -> float:
-    """The P/D flow of ARCHITECTURE.md without dpd: prefill hop, then a streaming decode hop."""
+    """The P/D flow without dpd (docs/structure.md, steps 6–7): prefill hop, then a streaming decode hop."""
     request_id = uuid.uuid4().hex
     started = time.perf_counter()
     body = {"model": model, "prompt": prompt, "max_tokens": 1, "stream": False, "temperature": 0,

