@@ -46,6 +46,7 @@ from dpd.router.decide import Decision, Path
 from dpd.router.errors import ApiError, pool_unavailable, worker_failed, worker_timeout
 from dpd.router.load import EndpointLoad
 from dpd.router.metrics import RouterMetrics
+from dpd.router.outcomes import HopOutcome, tell_pool_breaker
 from dpd.router.pick import Picker
 from dpd.router.pools import Pool, Worker
 
@@ -225,10 +226,10 @@ class PdFlow:
             stream, reason = await self._disaggregated(ctx)
             if stream is not None:
                 return stream
-            self._metrics.fallbacks.labels(reason).inc()
-            log.warning("request %s: falling back to the direct path (%s)", ctx.request_id, reason)
+            self._metrics.fallbacks.labels(reason.value).inc()
+            log.warning("request %s: falling back to the direct path (%s)", ctx.request_id, reason.value)
             stream = await self._admitted_to_decode(self._direct(ctx, FALLBACK))
-            stream.fallback_reason = reason
+            stream.fallback_reason = reason.value
             return stream
         return await self._admitted_to_decode(self._direct(ctx, Path.DIRECT.value, first=ctx.decision.decode))
 
@@ -248,18 +249,18 @@ class PdFlow:
         stream.on_close = release
         return stream
 
-    async def _disaggregated(self, ctx: RequestContext) -> tuple[UpstreamStream | None, str]:
-        """Prefill hop then decode hop; (stream, "") or (None, why it must fall back)."""
+    async def _disaggregated(self, ctx: RequestContext) -> tuple[UpstreamStream | None, HopOutcome]:
+        """Prefill hop then decode hop; (stream, OK) or (None, why it must fall back)."""
         pool_breaker = self._prefill.breaker
         if pool_breaker is not None and not pool_breaker.allows_request():
-            return None, "prefill_breaker_open"
-        reason = "cancelled"
+            return None, HopOutcome.PREFILL_BREAKER_OPEN
+        reason = HopOutcome.CANCELLED
         try:
             release = await admit(self._prefill_gate, "prefill", self._metrics)
             try:
                 worker = self._take(self._prefill, ctx.decision.prefill, ctx.tenant)
                 if worker is None:
-                    reason = "prefill_unavailable"
+                    reason = HopOutcome.PREFILL_UNAVAILABLE
                     return None, reason
                 # The prefiller counts the request until the decoder has pulled its KV (the decode
                 # hop's first token), so a drain never stops a prefiller whose blocks are unread.
@@ -275,13 +276,7 @@ class PdFlow:
             finally:
                 release()
         finally:
-            if pool_breaker is not None:
-                if reason == "":
-                    pool_breaker.record_success()
-                elif reason in ("prefill_unavailable", "cancelled", "decode_error"):
-                    pool_breaker.record_neutral()  # nothing learnt about the prefill pool
-                else:
-                    pool_breaker.record_failure(reason)
+            tell_pool_breaker(pool_breaker, reason)  # outcomes.OUTCOMES: what each ending teaches it
 
     def _take(self, pool: Pool, planned: Worker | None, tenant: str | None) -> Worker | None:
         """The planned worker (the adaptive policy chose it) if it is still usable, else a pick."""
@@ -292,7 +287,7 @@ class PdFlow:
     def _pool_of(self, worker: Worker) -> Pool:
         return self._prefill if worker.pool == self._prefill.name else self._decode
 
-    async def _prefill_hop(self, ctx: RequestContext, worker: Worker) -> tuple[dict[str, Any] | None, str]:
+    async def _prefill_hop(self, ctx: RequestContext, worker: Worker) -> tuple[dict[str, Any] | None, HopOutcome]:
         ticket = worker.load.begin_prefill(ctx.num_prompt_tokens)
         kv_params: dict[str, Any] | None = None
         try:
@@ -301,7 +296,7 @@ class PdFlow:
         finally:
             worker.load.end_prefill(ticket, is_ok=kv_params is not None)
 
-    async def _prefill_hop_once(self, ctx: RequestContext, worker: Worker) -> tuple[dict[str, Any] | None, str]:
+    async def _prefill_hop_once(self, ctx: RequestContext, worker: Worker) -> tuple[dict[str, Any] | None, HopOutcome]:
         breaker = worker.breaker
         started = time.monotonic()
         timeout = aiohttp.ClientTimeout(total=self._spec.prefillTimeoutS)
@@ -319,19 +314,19 @@ class PdFlow:
                         raise error
                     log.warning("request %s: prefill %s: %s", ctx.request_id, worker.name, error.message)
                     breaker.record_failure(f"prefill hop: HTTP {resp.status}")
-                    return None, "prefill_error"
+                    return None, HopOutcome.PREFILL_ERROR
                 data = await resp.json(content_type=None)
         except TimeoutError:  # the hop's deadline (aiohttp's own timeouts are connection errors)
             log.warning("request %s: prefill %s timed out", ctx.request_id, worker.name)
             breaker.record_failure("prefill hop timed out")
-            return None, "prefill_timeout"
+            return None, HopOutcome.PREFILL_TIMEOUT
         except _CONNECT_ERRORS as exc:
             breaker.record_failure(f"prefill hop: {exc.__class__.__name__}", is_definite=True)
-            return None, "prefill_error"
+            return None, HopOutcome.PREFILL_ERROR
         except WORKER_ERRORS as exc:
             log.warning("request %s: prefill %s: bad response (%s)", ctx.request_id, worker.name, exc.__class__.__name__)
             breaker.record_failure(f"prefill hop: bad response ({exc.__class__.__name__})")
-            return None, "prefill_error"
+            return None, HopOutcome.PREFILL_ERROR
         except ApiError:
             raise
         except BaseException:
@@ -341,14 +336,14 @@ class PdFlow:
         if not kv_params:
             breaker.record_failure("prefill hop: no kv_transfer_params")
             log.warning("request %s: prefill %s returned no kv_transfer_params", ctx.request_id, worker.name)
-            return None, "prefill_no_kv"
+            return None, HopOutcome.PREFILL_NO_KV
         breaker.record_success()
         self._metrics.prefill_hop.observe(time.monotonic() - started)
-        return kv_params, ""
+        return kv_params, HopOutcome.OK
 
     async def _disaggregated_decode(
         self, ctx: RequestContext, kv_params: dict[str, Any], prefiller: str
-    ) -> tuple[UpstreamStream | None, str]:
+    ) -> tuple[UpstreamStream | None, HopOutcome]:
         release = await admit(self._decode_gate, "decode", self._metrics)
         try:
             worker = self._take(self._decode, ctx.decision.decode, ctx.tenant)
@@ -366,18 +361,18 @@ class PdFlow:
                 "request %s: no first token from %s within %.1fs after prefill on %s (P/D stall)",
                 ctx.request_id, worker.name, self._spec.decodeFirstTokenTimeoutS, prefiller,
             )
-            return None, "decode_stall"
+            return None, HopOutcome.DECODE_STALL
         except ApiError as error:
             release()
             if error.status < 500:
                 raise
-            return None, "decode_error"
+            return None, HopOutcome.DECODE_ERROR
         except BaseException:
             release()
             raise
         stream.on_close = release
         stream.prefiller = prefiller
-        return stream, ""
+        return stream, HopOutcome.OK
 
     async def _direct(self, ctx: RequestContext, path_label: str, first: Worker | None = None) -> UpstreamStream:
         """The whole request on one worker: ``first`` (planned, of either pool) if still usable,

@@ -1,0 +1,67 @@
+"""How a disaggregated attempt ended, and what each ending means — one table.
+
+The P/D flow (``flow.py``) reports every disaggregated attempt as a ``HopOutcome``; ``OUTCOMES``
+says, per outcome, what the prefill pool's circuit breaker learns and whether the request is
+then served direct (``fallback``, with ``x-dpd-fallback`` and ``dpd_fallbacks_total{reason}``
+naming the outcome). Worker breakers are fed by the hops themselves (a prefill or decode hop's
+own success or failure); this table is the pool-level policy, read by the flow and by tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from dpd.router.breaker import CircuitBreaker
+
+
+class HopOutcome(str, Enum):
+    OK = "ok"
+    PREFILL_BREAKER_OPEN = "prefill_breaker_open"  # the pool's breaker refused the attempt
+    PREFILL_UNAVAILABLE = "prefill_unavailable"  # no prefill worker the tenant may use
+    CANCELLED = "cancelled"  # the client left, or the router is stopping
+    PREFILL_ERROR = "prefill_error"  # the prefill hop failed (5xx, refused, broken response)
+    PREFILL_TIMEOUT = "prefill_timeout"  # past prefillTimeoutS
+    PREFILL_NO_KV = "prefill_no_kv"  # the prefiller answered without kv_transfer_params
+    DECODE_STALL = "decode_stall"  # no first token within decodeFirstTokenTimeoutS (the NIXL stall)
+    DECODE_ERROR = "decode_error"  # the decode hop failed (a decoder's fault, not the prefill pool's)
+
+
+class Verdict(Enum):
+    SUCCESS = "success"
+    NEUTRAL = "neutral"  # nothing learnt about the prefill pool
+    FAILURE = "failure"
+    NONE = "none"  # the breaker was not consulted, so it is not told
+
+
+@dataclass(frozen=True)
+class OutcomeRule:
+    pool_breaker: Verdict
+    falls_back: bool  # the request is served direct instead
+
+
+OUTCOMES: dict[HopOutcome, OutcomeRule] = {
+    HopOutcome.OK: OutcomeRule(Verdict.SUCCESS, falls_back=False),
+    HopOutcome.PREFILL_BREAKER_OPEN: OutcomeRule(Verdict.NONE, falls_back=True),
+    HopOutcome.PREFILL_UNAVAILABLE: OutcomeRule(Verdict.NEUTRAL, falls_back=True),
+    HopOutcome.CANCELLED: OutcomeRule(Verdict.NEUTRAL, falls_back=False),
+    HopOutcome.PREFILL_ERROR: OutcomeRule(Verdict.FAILURE, falls_back=True),
+    HopOutcome.PREFILL_TIMEOUT: OutcomeRule(Verdict.FAILURE, falls_back=True),
+    HopOutcome.PREFILL_NO_KV: OutcomeRule(Verdict.FAILURE, falls_back=True),
+    # A stall is the pair's failure: it counts against the prefill pool, so repeated stalls send
+    # long prompts direct instead of taking the decoder out.
+    HopOutcome.DECODE_STALL: OutcomeRule(Verdict.FAILURE, falls_back=True),
+    HopOutcome.DECODE_ERROR: OutcomeRule(Verdict.NEUTRAL, falls_back=True),
+}
+
+
+def tell_pool_breaker(breaker: CircuitBreaker | None, outcome: HopOutcome) -> None:
+    if breaker is None:
+        return
+    verdict = OUTCOMES[outcome].pool_breaker
+    if verdict is Verdict.SUCCESS:
+        breaker.record_success()
+    elif verdict is Verdict.NEUTRAL:
+        breaker.record_neutral()
+    elif verdict is Verdict.FAILURE:
+        breaker.record_failure(outcome.value)
