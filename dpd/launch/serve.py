@@ -243,7 +243,7 @@ class Endpoint:
     def _router_worker_resumed(self, name: str) -> None:
         if self._router is None:
             return
-        routed = self._router.prefill.find(name) or self._router.decode.find(name)
+        routed = self._router.find_worker(name)
         if routed is not None:
             routed.is_draining = False
 

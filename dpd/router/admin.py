@@ -125,7 +125,7 @@ class AdminApi:
 
     def _worker(self, request: Request) -> Worker:
         name = request.path_params["name"]
-        worker = self.router.prefill.find(name) or self.router.decode.find(name)
+        worker = self.router.find_worker(name)
         if worker is None:
             known = [w.name for p in (self.router.prefill, self.router.decode) for w in p.workers]
             raise ApiError(404, f"No worker {name!r}; known: {', '.join(known)}.", type="not_found_error", param="name")

@@ -28,9 +28,9 @@ from dpd.router.errors import ApiError
 from dpd.router.metrics import RouterMetrics
 
 
-def overloaded(reason: str, retry_after_s: float) -> ApiError:
+def overloaded(reason: str, retry_after_s: float, label: str) -> ApiError:
     return ApiError(429, f"The endpoint is overloaded ({reason}); retry later.", type="rate_limit_error",
-                    code="overloaded", retry_after_s=retry_after_s)
+                    code="overloaded", retry_after_s=retry_after_s, metric_label=label)
 
 
 class AdmissionGate:
@@ -43,7 +43,6 @@ class AdmissionGate:
         self.num_in_flight = 0
         self.num_shed = 0
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
-        self.last_wait_s = 0.0
 
     @property
     def queue_depth(self) -> int:
@@ -66,7 +65,7 @@ class AdmissionGate:
             return 0.0
         if len(self._waiters) >= self.max_queue:
             self.num_shed += 1
-            raise overloaded("queue full", self.queue_timeout_s)
+            raise overloaded("queue full", self.queue_timeout_s, "queue_full")
         started = time.monotonic()
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
@@ -83,9 +82,8 @@ class AdmissionGate:
             if isinstance(exc, asyncio.CancelledError):
                 raise
             self.num_shed += 1
-            raise overloaded(f"queued longer than {self.queue_timeout_s:g}s", self.queue_timeout_s) from None
-        self.last_wait_s = time.monotonic() - started
-        return self.last_wait_s
+            raise overloaded(f"queued longer than {self.queue_timeout_s:g}s", self.queue_timeout_s, "queue_timeout") from None
+        return time.monotonic() - started
 
     def release(self) -> None:
         # Hand the slot straight to the oldest live waiter; num_in_flight stays the same.
@@ -109,7 +107,7 @@ async def admit(gate: AdmissionGate | None, pool: str, metrics: RouterMetrics) -
     try:
         waited_s = await gate.acquire()
     except ApiError as error:
-        metrics.shed.labels(pool, "queue_timeout" if "queued" in error.message else "queue_full").inc()
+        metrics.shed.labels(pool, error.metric_label or "queue_full").inc()
         raise
     finally:
         metrics.queue_depth.labels(pool).set(gate.queue_depth)

@@ -124,6 +124,10 @@ class Router:
             priors=priors_from(self.settings.spec.adaptive),
         )
 
+    def find_worker(self, name: str) -> Worker | None:
+        """The worker of either pool with this (launcher or discovery) name."""
+        return self.prefill.find(name) or self.decode.find(name)
+
     def _transition_recorder(self, pool: str) -> Callable[[str, BreakerState], None]:
         def record(worker: str, state: BreakerState) -> None:
             self.metrics.breaker_transitions.labels(pool, worker, state.value).inc()
@@ -278,7 +282,7 @@ class Router:
         try:
             return self.tenants.authenticate(request.headers.get("authorization"))
         except ApiError as error:
-            self.metrics.auth_failures.labels("missing" if "required" in error.message else "invalid").inc()
+            self.metrics.auth_failures.labels(error.metric_label or "invalid").inc()
             raise
 
     def _check_tenant_limits(self, tenant: Tenant, num_prompt_tokens: int) -> None:

@@ -24,8 +24,11 @@ class ApiError(Exception):
         param: str | None = None,
         code: str | None = None,
         retry_after_s: float | None = None,
+        metric_label: str | None = None,
     ):
         super().__init__(message)
+        # Why, for the router's own metrics (e.g. queue_full / queue_timeout); never sent to the client.
+        self.metric_label = metric_label
         self.status = status
         self.message = message
         self.type = type

@@ -52,10 +52,6 @@ class Worker:
     def is_healthy(self) -> bool:
         return self.breaker.state is not BreakerState.OPEN
 
-    @property
-    def last_error(self) -> str | None:
-        return self.breaker.last_error
-
     @contextmanager
     def track(self) -> Iterator[None]:
         """Count one outstanding request for the duration of the block."""

@@ -30,8 +30,8 @@ def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def unauthorized(message: str) -> ApiError:
-    return ApiError(401, message, type="authentication_error", code="invalid_api_key")
+def unauthorized(message: str, label: str = "invalid") -> ApiError:
+    return ApiError(401, message, type="authentication_error", code="invalid_api_key", metric_label=label)
 
 
 def bearer_key(authorization: str | None) -> str | None:
@@ -93,9 +93,9 @@ class Tenant:
             prompt_tokens = TokenBucket(spec.promptTokensPerSecond, burst, clock)
         return cls(spec.name, requests, prompt_tokens, spec.dedicatedWorkers)
 
-    def check_limits(self, num_prompt_tokens: int) -> str | None:
-        """Take this request's cost from the buckets, or leave them untouched and raise a 429.
-        Returns None; raises ``ApiError`` naming the limit that refused it."""
+    def check_limits(self, num_prompt_tokens: int) -> None:
+        """Take this request's cost from the buckets, or leave them untouched and raise a 429
+        (``ApiError`` naming the limit that refused it)."""
         waits = {}
         if self.requests is not None:
             waits["requests_per_second"] = self.requests.wait_s(1)
@@ -140,7 +140,7 @@ class TenantRegistry:
             return None
         key = bearer_key(authorization)
         if key is None:
-            raise unauthorized("An API key is required: send 'Authorization: Bearer <API key>'.")
+            raise unauthorized("An API key is required: send 'Authorization: Bearer <API key>'.", "missing")
         digest = hash_key(key)
         for known, tenant in self._by_digest.items():
             if hmac.compare_digest(known, digest):
