@@ -53,9 +53,15 @@ class PowerOfTwoPicker:
         return a if a.num_in_flight < b.num_in_flight else b
 
 
+# The one registry of pickers: the config's allowed values (router.picker) must equal its keys
+# (tests/unit/test_pick.py checks), and the CLI's choices read the config's.
+PICKERS: dict[str, type[LeastOutstandingPicker] | type[PowerOfTwoPicker]] = {
+    "least-outstanding": LeastOutstandingPicker,
+    "power-of-two": PowerOfTwoPicker,
+}
+
+
 def make_picker(name: str, rng: random.Random | None = None) -> Picker:
-    if name == "least-outstanding":
-        return LeastOutstandingPicker(rng)
-    if name == "power-of-two":
-        return PowerOfTwoPicker(rng)
-    raise ValueError(f"unknown picker {name!r}; allowed: least-outstanding, power-of-two")
+    if name not in PICKERS:
+        raise ValueError(f"unknown picker {name!r}; allowed: {', '.join(PICKERS)}")
+    return PICKERS[name](rng)

@@ -151,3 +151,12 @@ def test_make_picker_rejects_unknown_names(name):
     with pytest.raises(ValueError, match="unknown picker") as info:
         make_picker(name)
     assert "least-outstanding, power-of-two" in str(info.value)
+
+
+def test_the_config_allows_exactly_the_registered_pickers():
+    from typing import get_args
+
+    from dpd.config.model import RouterSpec
+    from dpd.router.pick import PICKERS
+
+    assert set(get_args(RouterSpec.model_fields["picker"].annotation)) == set(PICKERS)
