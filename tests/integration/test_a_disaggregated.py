@@ -314,10 +314,13 @@ def test_adaptive_idle_prefill_worker_takes_direct_work(endpoint, make_prompt):
     idle prefill worker."""
     try:
         with ThreadPoolExecutor(3) as pool:
-            streams = [pool.submit(_served, endpoint, make_prompt(100, seed=403 + i), 200) for i in range(3)]
-            _wait_for(lambda: _load(endpoint, "decode-0")["streams"] == 3)
+            streams = [pool.submit(_served, endpoint, make_prompt(100, seed=403 + i), 300) for i in range(3)]
+            _wait_for(lambda: _load(endpoint, "decode-0")["streams"] >= 3)
             _set_policy(endpoint, "adaptive")
-            assert _served(endpoint, make_prompt(200, seed=406), 8) == ("direct", "short_prompt", "prefill-0")
+            state = {name: _load(endpoint, name) for name in ("prefill-0", "decode-0")}
+            # A 600-token prefill on the decoder would stall its three streams (~1 s or more each);
+            # the prefill worker has none.
+            assert _served(endpoint, make_prompt(600, seed=406), 8) == ("direct", "short_prompt", "prefill-0"), state
             assert [f.result()[2] for f in streams] == ["decode-0"] * 3
     finally:
         _set_policy(endpoint, "threshold")
