@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dpd.router.decide import Decision, Path, Reason
+from dpd.router.decide import Decision, Path, Reason, checked_threshold
 from dpd.router.load import EndpointLoad
 from dpd.router.pools import Worker
 
@@ -70,9 +70,7 @@ class AdaptiveDecider:
         return self._floor_tokens
 
     def set_threshold(self, threshold_tokens: int) -> None:
-        if isinstance(threshold_tokens, bool) or not isinstance(threshold_tokens, int) or threshold_tokens < 0:
-            raise ValueError(f"threshold must be an integer >= 0, got {threshold_tokens!r}")
-        self._floor_tokens = threshold_tokens
+        self._floor_tokens = checked_threshold(threshold_tokens)
 
     def plan(self, num_prompt_tokens: int, num_output_tokens: int | None, candidates: Candidates) -> Decision | None:
         """The best plan, or None when no decoder at all can take the request."""

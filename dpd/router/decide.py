@@ -55,6 +55,13 @@ class Decision:
         return ">".join(names)
 
 
+def checked_threshold(threshold_tokens: object) -> int:
+    """A threshold (or floor) in tokens, validated: an integer >= 0 (a bool is not one)."""
+    if isinstance(threshold_tokens, bool) or not isinstance(threshold_tokens, int) or threshold_tokens < 0:
+        raise ValueError(f"threshold must be an integer >= 0, got {threshold_tokens!r}")
+    return threshold_tokens
+
+
 class ThresholdDecider:
     def __init__(self, threshold_tokens: int, *, is_colocated: bool = False):
         self.set_threshold(threshold_tokens)
@@ -65,9 +72,7 @@ class ThresholdDecider:
         return self._threshold_tokens
 
     def set_threshold(self, threshold_tokens: int) -> None:
-        if isinstance(threshold_tokens, bool) or not isinstance(threshold_tokens, int) or threshold_tokens < 0:
-            raise ValueError(f"threshold must be an integer >= 0, got {threshold_tokens!r}")
-        self._threshold_tokens = threshold_tokens
+        self._threshold_tokens = checked_threshold(threshold_tokens)
 
     def decide(self, num_prompt_tokens: int, *, has_prefill_capacity: bool) -> Decision:
         if self.is_colocated:
