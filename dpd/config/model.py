@@ -139,6 +139,13 @@ class AdaptiveSpec(_Frozen):
         default=1.0, ge=0, le=100, description="Seconds of TTFT one second of stalled decoding is worth: 0 = minimise "
         "TTFT only (colocated-like), higher = protect running streams more (static-split-like)."
     )
+    ttftSloS: float = Field(
+        default=10.0, gt=0, description="The TTFT target the policy serves: a plan predicted to take longer counts a miss."
+    )
+    tpotSloS: float = Field(
+        default=0.2, gt=0, description="The TPOT target: a plan that would push the new stream, or a running one, past it "
+        "counts a miss. The policy minimises predicted misses first, then latency."
+    )
     priorPrefillTokensPerS: float = Field(default=500.0, gt=0, description="A worker's prefill rate before it is measured.")
     priorDecodeTokensPerS: float = Field(default=30.0, gt=0, description="One stream's decode rate before it is measured.")
     priorSplitOverheadS: float = Field(

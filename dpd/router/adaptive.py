@@ -1,6 +1,6 @@
 """The adaptive policy: every worker may take either phase; a cost model measured online decides.
 
-For a request of ``n`` prompt tokens expecting ``m`` output tokens, every plan is scored:
+For a request of ``n`` prompt tokens expecting ``m`` output tokens, every plan is predicted:
 
 * **whole on w** (any worker of either pool runs prefill and decode):
   ``ttft = (queued prefill tokens on w + n) / w's prefill rate``;
@@ -8,24 +8,31 @@ For a request of ``n`` prompt tokens expecting ``m`` output tokens, every plan i
   ``ttft = (queued on p + n) / p's rate + the split's measured overhead`` (the decode hop's
   first-token latency: KV pull, one step, one more HTTP hop).
 
-and charged for the decode time it costs other streams, in seconds weighted by
-``stallWeight``:
+Each plan also stalls decoding, in seconds:
 
-* **harm** — the streams decoding on the worker that prefills, each stalled for the prefill:
-  ``streams(w) × n / rate(w)``;
-* **exposure** — what the new stream itself will suffer where it decodes: the share of recent
-  time that worker spent prefilling × the stream's expected duration (``m`` / its measured
-  decode rate), plus, for a split, the prefills already queued on the decoder.
+* **harm** — the streams decoding on the worker that prefills each stall for ``n / rate``
+  (vLLM runs a prefill chunk and the running streams' next tokens in one step);
+* **exposure** — what the new stream itself will suffer where it decodes: the prefills already
+  queued there (for a split; a whole request's queue runs before its first token) plus the
+  prefills to come, predicted from the share ``u`` of recent time that worker spent
+  prefilling: a stream that needs ``D = m / decode rate`` seconds of decoding is stretched by
+  ``D × u / (1 − u)``.
 
-``score = ttft + stallWeight × (harm + exposure)``; the lowest score wins (ties: fewer streams,
-then the preferred role — decode-pool workers for whole requests). Prompts below the floor
-(``routingThreshold``) are never split, only placed. The reason names what decided
-(``decide.Reason``). The policy splits only in the preferred direction (prefill pool →
-decode pool): the KV flows producer → consumer as vLLM's roles say, so the design keeps working
-if vLLM drops ``kv_both`` (docs/design.md); a worker of either role runs whole requests.
+The plan is scored by the SLO (``ttftSloS``, ``tpotSloS``) first: each **miss** it would cause
+counts — its own TTFT past the target, its own TPOT past the target, and every running stream
+whose remaining TPOT slack (``WorkerLoad.stream_slacks_s``) the harm would use up — then by
+latency: ``score = MISS_COST × ttftSloS × misses + ttft + stallWeight × (harm + exposure)``.
+So below saturation, where no plan misses, the fastest plan that stalls least wins; near and
+past it, the plan that loses the fewest requests wins (a long prompt that will miss its TTFT
+on every plan is queued where it stalls no one, as a static split would). The lowest score wins
+(ties: fewer streams, then the preferred role — decode-pool workers for whole requests).
+Prompts below the floor (``routingThreshold``) are never split, only placed. The reason names
+what decided (``decide.Reason``). The policy splits only in the preferred direction (prefill
+pool → decode pool): the KV flows producer → consumer as vLLM's roles say, so the design keeps
+working if vLLM drops ``kv_both`` (docs/design.md); a worker of either role runs whole requests.
 
-Every input is read through ``Worker.load`` and ``EndpointLoad`` — the interface a simulator
-can also provide.
+Every input is read through ``Worker.load`` and ``EndpointLoad`` — the interface the simulator
+(``dpd/sim``) also provides.
 """
 
 from __future__ import annotations
@@ -37,7 +44,10 @@ from dpd.router.decide import Decision, Path, Reason, checked_threshold
 from dpd.router.load import EndpointLoad
 from dpd.router.pools import Worker
 
-TIE_BREAK_S = 1e-3  # per stream: equal plans go to the less crowded worker
+TIE_BREAK = 1e-3  # per stream: equal plans go to the less crowded worker
+MISS_COST = 4.0  # one predicted SLO miss outweighs any risk short of one (a risk term is at most 1 per budget)
+SMALL_PREFILL = 0.1  # share of the TTFT target: a prefill this short may queue on a decoder in overload
+MAX_UTILIZATION = 0.9  # the exposure model's cap: a worker always prefilling would stretch a stream forever
 
 
 @dataclass(frozen=True)
@@ -50,20 +60,30 @@ class Candidates:
 
 
 @dataclass(frozen=True)
+class Slo:
+    ttft_s: float = 10.0
+    tpot_s: float = 0.2
+
+
+@dataclass(frozen=True)
 class Scored:
     decision: Decision
     ttft_s: float
     stall_s: float  # harm + exposure
+    misses: int  # SLO misses predicted: its own TTFT and TPOT, the streams its prefill pushes past theirs
     score: float
+    harm_misses: int = 0  # of ``misses``, the other streams'
+    harm_s: float = 0.0  # of ``stall_s``, the other streams' (not the new stream's own exposure)
 
 
 class AdaptiveDecider:
     def __init__(self, floor_tokens: int, endpoint: EndpointLoad, *, stall_weight: float = 1.0,
-                 is_colocated: bool = False):
+                 is_colocated: bool = False, slo: Slo = Slo()):
         self.set_threshold(floor_tokens)
         self.endpoint = endpoint
         self.stall_weight = stall_weight
         self.is_colocated = is_colocated
+        self.slo = slo
 
     @property
     def threshold_tokens(self) -> int:
@@ -88,6 +108,20 @@ class AdaptiveDecider:
         if not splits:
             return _with_reason(best_whole, Reason.PREFILL_UNAVAILABLE)
         best_split = min(splits, key=lambda s: s.score)
+        if best_split.ttft_s > self.slo.ttft_s:
+            # The prefill pool is overloaded: a decoder takes a large prompt whole only if it
+            # can start it at once; queued behind other prefills it would build a queue in
+            # front of the short requests the decode pool serves. A small one (its prefill
+            # within SMALL_PREFILL of the TTFT target) may queue.
+            wholes = [s for s in wholes if self._may_queue_whole(s, n, candidates)] or wholes
+            best_whole = min(wholes, key=lambda s: s.score)
+        if all(s.ttft_s > self.slo.ttft_s for s in (*wholes, *splits)):
+            # Late on every plan: served where it costs the others least (streams pushed past
+            # their TPOT, then seconds of stall), the split on a tie, where it holds up no stream.
+            least = min((*splits, *wholes), key=lambda s: (s.harm_misses, round(s.harm_s, 3)))
+            if least.decision.path is Path.DISAGGREGATED:
+                return _with_reason(least, Reason.DECODER_BUSY)
+            return _with_reason(least, Reason.PREFILL_QUEUE_LONG)
         if best_split.score < best_whole.score:
             return _with_reason(best_split, Reason.DECODER_BUSY)
         assert best_split.decision.prefill is not None
@@ -95,27 +129,50 @@ class AdaptiveDecider:
             return _with_reason(best_whole, Reason.PREFILL_QUEUE_LONG)
         return _with_reason(best_whole, Reason.SPLIT_NO_GAIN)
 
+    def _may_queue_whole(self, scored: Scored, n: int, candidates: Candidates) -> bool:
+        w = scored.decision.decode
+        if w is None or w not in candidates.decoders or w.load.queued_prefill_tokens == 0:
+            return True
+        return n / w.load.prefill_tokens_per_s <= SMALL_PREFILL * self.slo.ttft_s
+
     def score_whole(self, worker: Worker, num_prompt_tokens: int, num_output_tokens: int) -> Scored:
         return self._whole(worker, num_prompt_tokens, num_output_tokens)
 
     def _whole(self, w: Worker, n: int, m: int) -> Scored:
         load = w.load
         ttft = load.prefill_s(n)
-        harm = load.num_streams * n / load.prefill_tokens_per_s
-        exposure = load.prefill_utilization() * m / load.decode_tokens_per_s
-        stall = harm + exposure
-        score = ttft + self.stall_weight * stall + TIE_BREAK_S * load.num_streams
-        return Scored(Decision(Path.DIRECT, Reason.SHORT_PROMPT, decode=w, predicted_ttft_s=ttft), ttft, stall, score)
+        prefill_s = n / load.prefill_tokens_per_s
+        exposure = self._future_stall_s(w, m)
+        decision = Decision(Path.DIRECT, Reason.SHORT_PROMPT, decode=w, predicted_ttft_s=ttft)
+        return self._scored(decision, ttft, exposure, w, m, prefill_s, w)
 
     def _split(self, p: Worker, d: Worker, n: int, m: int) -> Scored:
         ttft = p.load.prefill_s(n) + self.endpoint.split_overhead.value
-        harm = p.load.num_streams * n / p.load.prefill_tokens_per_s
-        exposure = (d.load.prefill_utilization() * m / d.load.decode_tokens_per_s
-                    + d.load.queued_prefill_tokens / d.load.prefill_tokens_per_s)
-        stall = harm + exposure
-        score = ttft + self.stall_weight * stall + TIE_BREAK_S * d.load.num_streams
+        prefill_s = n / p.load.prefill_tokens_per_s
+        exposure = self._future_stall_s(d, m) + d.load.queued_prefill_tokens / d.load.prefill_tokens_per_s
         decision = Decision(Path.DISAGGREGATED, Reason.DECODER_BUSY, prefill=p, decode=d, predicted_ttft_s=ttft)
-        return Scored(decision, ttft, stall, score)
+        return self._scored(decision, ttft, exposure, d, m, prefill_s, p)
+
+    def _scored(self, decision: Decision, ttft: float, exposure: float, d: Worker, m: int, prefill_s: float,
+                prefiller: Worker) -> Scored:
+        """Misses first, then risk: the share of each SLO budget the plan uses up (its own TTFT
+        and TPOT slack, and each running stream's TPOT slack on the worker that prefills)."""
+        own_slack = (self.slo.tpot_s - 1 / d.load.decode_tokens_per_s) * max(m - 1, 0)
+        own_misses = int(ttft > self.slo.ttft_s) + int(m > 1 and exposure > own_slack)
+        own_risk = min(1.0, ttft / self.slo.ttft_s) + (min(1.0, exposure / own_slack) if own_slack > 0 else 1.0)
+        slacks = prefiller.load.stream_slacks_s(self.slo.tpot_s)
+        pushed = sum(slack < prefill_s for slack in slacks)
+        harm_risk = sum(prefill_s / slack for slack in slacks if slack >= prefill_s and slack > 0)
+        misses = own_misses + pushed
+        score = MISS_COST * misses + own_risk + self.stall_weight * harm_risk + TIE_BREAK * d.load.num_streams
+        return Scored(decision, ttft, prefill_s * len(slacks) + exposure, misses, score, harm_misses=pushed,
+                      harm_s=prefill_s * len(slacks))
+
+    @staticmethod
+    def _future_stall_s(w: Worker, m: int) -> float:
+        """The stall a new stream of ``m`` tokens can expect from prefills to come on ``w``."""
+        u = min(w.load.prefill_utilization(), MAX_UTILIZATION)
+        return (m / w.load.decode_tokens_per_s) * u / (1 - u)
 
 
 def _with_reason(scored: Scored, reason: Reason) -> Decision:

@@ -39,6 +39,7 @@ from dpd.router.aggregate import StreamAggregator, is_usage_only
 from dpd.router.breaker import BreakerState, CircuitBreaker
 from dpd.router.errors import ApiError, bad_request, model_not_found, worker_failed
 from dpd.router.flow import WORKER_ERRORS, PdFlow, RequestContext, UpstreamStream
+from dpd.router.load import SharedRates
 from dpd.router.metrics import RouterMetrics
 from dpd.router.pick import make_picker
 from dpd.router.pools import HealthProber, Pool, Worker, make_pool
@@ -93,6 +94,7 @@ class Router:
         self.metrics = RouterMetrics()
         spec = settings.spec
         self.tenants = TenantRegistry(settings.tenants)
+        self.shared_rates = SharedRates(priors_from(spec.adaptive))  # an unmeasured worker is predicted at its peers' rates
         self.prefill = self._make_pool("prefill", settings.prefill_urls, settings.prefill_names)
         self.decode = self._make_pool("decode", settings.decode_urls, settings.decode_names)
         self.routing = RoutingPolicy(settings.routing_policy, settings.threshold_tokens, spec.adaptive, self.metrics,
@@ -121,7 +123,7 @@ class Router:
         return make_pool(
             name, list(urls), list(names) or None, failure_threshold=breaker.failureThreshold, open_s=breaker.openS,
             owners=self.tenants.owners(), pool_breaker=pool_breaker, on_transition=self._transition_recorder(name),
-            priors=priors_from(self.settings.spec.adaptive),
+            priors=priors_from(self.settings.spec.adaptive), shared=self.shared_rates,
         )
 
     def find_worker(self, name: str) -> Worker | None:

@@ -44,7 +44,7 @@ from dpd.config.model import RouterSpec
 from dpd.router.admission import AdmissionGate, admit
 from dpd.router.decide import Decision, Path
 from dpd.router.errors import ApiError, pool_unavailable, worker_failed, worker_timeout
-from dpd.router.load import EndpointLoad
+from dpd.router.load import EndpointLoad, StreamTicket
 from dpd.router.metrics import RouterMetrics
 from dpd.router.outcomes import HopOutcome, tell_pool_breaker
 from dpd.router.pick import Picker
@@ -83,17 +83,18 @@ class UpstreamStream:
     """An open streaming response from one worker, its first event already read."""
 
     def __init__(self, worker: Worker, path_label: str, response: aiohttp.ClientResponse, lines: AsyncIterator[bytes],
-                 endpoint_load: EndpointLoad | None = None):
+                 endpoint_load: EndpointLoad | None = None, body: dict[str, Any] | None = None):
         self.worker = worker
         self.path_label = path_label
         self.fallback_reason: str | None = None
         self.prefiller: str | None = None  # the worker that prefilled, on the disaggregated path
         self._response = response
         self._lines = lines
+        self._body = body or {}
         self._pending: list[tuple[bytes, dict[str, Any] | None]] = []
         self._closed = False
         self._endpoint_load = endpoint_load
-        self._decoding_since: float | None = None  # set once the first event arrived: the worker decodes it
+        self._ticket: StreamTicket | None = None  # set once the first event arrived: the worker decodes it
         self._num_events = 0
         self._num_completion_tokens: int | None = None  # from the usage chunk, when it came
         self.on_close: Callable[[], None] | None = None  # releases the decode admission slot
@@ -109,8 +110,7 @@ class UpstreamStream:
         if event is None:
             raise worker_failed(self.worker.pool, self.worker.name, "stream ended before the first token")
         self._pending.append(event)
-        self._decoding_since = time.monotonic()
-        self.worker.load.begin_stream()
+        self._ticket = self.worker.load.begin_stream(expected_output_tokens(self._body, self._endpoint_load))
 
     async def _next(self) -> tuple[bytes, dict[str, Any] | None] | None:
         """The next ``data:`` event as (raw line, parsed JSON or None for ``[DONE]``)."""
@@ -130,6 +130,8 @@ class UpstreamStream:
             usage = event.get("usage") if isinstance(event, dict) else None
             if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
                 self._num_completion_tokens = usage["completion_tokens"]
+            if self._ticket is not None:
+                self._ticket.add_tokens(self._num_completion_tokens or self._num_events, time.monotonic())
             return line, event
         return None
 
@@ -145,14 +147,23 @@ class UpstreamStream:
         if not self._closed:
             self._closed = True
             self.worker.num_in_flight -= 1
-            if self._decoding_since is not None:
+            if self._ticket is not None:
                 num_tokens = self._num_completion_tokens if self._num_completion_tokens is not None else self._num_events
-                self.worker.load.end_stream(num_tokens, time.monotonic() - self._decoding_since)
+                self.worker.load.end_stream(self._ticket, num_tokens)
                 if self._endpoint_load is not None and self._num_completion_tokens is not None:
                     self._endpoint_load.output_tokens.add(self._num_completion_tokens)
             self._response.close()
             if self.on_close is not None:
                 self.on_close()
+
+
+def expected_output_tokens(body: dict[str, Any], endpoint_load: EndpointLoad | None) -> int:
+    """The tokens a request will generate, for its TPOT budget: its cap, else the typical output."""
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = body.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return round(endpoint_load.output_tokens.value) if endpoint_load is not None else 16
 
 
 def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
@@ -413,7 +424,7 @@ class PdFlow:
         resp: aiohttp.ClientResponse | None = None
         stream: UpstreamStream | None = None
         is_whole = "kv_transfer_params" not in body  # the worker prefills too
-        ticket = worker.load.begin_prefill(ctx.num_prompt_tokens) if is_whole else None
+        ticket = worker.load.begin_prefill(ctx.num_prompt_tokens, expected_output_tokens(body, self._endpoint_load)) if is_whole else None
         try:
             async with asyncio.timeout(first_token_timeout_s):
                 resp = await self._session.post(
@@ -426,7 +437,7 @@ class PdFlow:
                 )
                 if resp.status != 200:
                     raise await _error_from(resp, worker)
-                stream = UpstreamStream(worker, path_label, resp, resp.content.__aiter__(), self._endpoint_load)
+                stream = UpstreamStream(worker, path_label, resp, resp.content.__aiter__(), self._endpoint_load, body)
                 await stream.read_first()
                 if ticket is not None:
                     worker.load.end_prefill(ticket, is_ok=True)

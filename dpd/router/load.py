@@ -5,7 +5,9 @@ a constant in the code (the config's priors only stand in until the first measur
 
 * ``queued_prefill_tokens`` — prompt tokens sent to the worker whose prefill has not finished
   (the prefill hop has not answered, or a whole request has not streamed its first token);
-* ``num_streams`` — requests decoding on the worker (first token seen, stream still open);
+* ``streams`` — requests decoding on the worker (first token seen, stream still open), each
+  with its start, its expected length and the tokens seen so far, so the policy can tell how
+  much stall each can still absorb within its TPOT SLO (``stream_slacks_s``);
 * ``prefill_tokens_per_s`` — measured prefill rate. The worker is treated as one server that
   works through its prefills in order: a prefill's *service time* runs from when it was sent or
   the previous prefill on the worker finished, whichever is later, to its own end; the sample
@@ -18,7 +20,10 @@ a constant in the code (the config's priors only stand in until the first measur
 
 ``EndpointLoad`` holds what is not per worker: the disaggregated path's own overhead (the
 decode hop's first-token latency: the KV pull plus one step and a hop; a recent median) and the
-typical output length (EWMA). A clock is injected so tests drive time by hand.
+typical output length (EWMA). ``SharedRates`` pools every worker's samples: a worker not yet
+measured is predicted at its peers' measured rates, not at the config's prior (a prior far
+from this hardware's rates sent whole requests to the one unmeasured worker). A clock is
+injected so tests drive time by hand.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 Clock = Callable[[], float]
+SAME_STEP_S = 0.005  # prefills that end this close together finished in one engine step
 
 
 class Ewma:
@@ -70,9 +76,17 @@ class RecentMedian:
         self._samples = [*self._samples[-(self.window - 1):], sample]
         self.num_samples += 1
 
+    def replace_last(self, sample: float) -> None:
+        if self._samples and math.isfinite(sample):
+            self._samples[-1] = sample
+
+    @property
+    def is_measured(self) -> bool:
+        return len(self._samples) >= self.min_samples
+
     @property
     def value(self) -> float:
-        if len(self._samples) < self.min_samples:
+        if not self.is_measured:
             return self.prior
         ordered = sorted(self._samples)
         mid = len(ordered) // 2
@@ -85,7 +99,29 @@ class PrefillTicket:
 
     num_tokens: int
     sent_at: float
+    expected_tokens: int | None = None  # a whole request's output: it will decode here after its prefill
     is_open: bool = True
+
+
+@dataclass
+class StreamTicket:
+    """One stream decoding on a worker: its first token's time, the tokens it is expected to
+    generate (``max_tokens``, else the endpoint's typical output) and those seen so far."""
+
+    started_at: float
+    expected_tokens: int
+    num_tokens: int = 1
+    last_token_at: float | None = None
+    gaps_s: list[float] = field(default_factory=list)  # per-token gaps, for the undisturbed decode rate
+
+    def add_tokens(self, num_tokens: int, now: float) -> None:
+        """``num_tokens`` in all have been seen by ``now`` (an event may carry several)."""
+        new = num_tokens - self.num_tokens
+        if new <= 0:
+            return
+        last = self.started_at if self.last_token_at is None else self.last_token_at
+        self.gaps_s.extend([(now - last) / new] * new)
+        self.num_tokens, self.last_token_at = num_tokens, now
 
 
 @dataclass(frozen=True)
@@ -98,47 +134,73 @@ class LoadPriors:
     output_tokens: float = 128.0
 
 
+class SharedRates:
+    """Every worker's rate samples together: what an unmeasured worker is predicted at."""
+
+    def __init__(self, priors: LoadPriors = LoadPriors(), window: int = 16):
+        self.prefill_rate = RecentMedian(priors.prefill_tokens_per_s, window=window)
+        self.decode_rate = RecentMedian(priors.decode_tokens_per_s, window=window)
+
+
 class WorkerLoad:
     def __init__(self, priors: LoadPriors = LoadPriors(), clock: Clock = time.monotonic, *,
-                 window_s: float = 60.0, min_sample_tokens: int = 128):
+                 window_s: float = 60.0, min_sample_tokens: int = 128, shared: SharedRates | None = None):
         self._clock = clock
         self.window_s = window_s
         self.min_sample_tokens = min_sample_tokens
         self.queued_prefill_tokens = 0
         self.num_prefills = 0
-        self.num_streams = 0
+        self.streams: list[StreamTicket] = []
         self.prefill_rate = RecentMedian(priors.prefill_tokens_per_s)
         self.decode_rate = RecentMedian(priors.decode_tokens_per_s)
+        self.shared = shared if shared is not None else SharedRates(priors)
+        self.prefills: list[PrefillTicket] = []
         self._last_prefill_end = -math.inf
+        self._batch_tokens, self._batch_s = 0, 0.0  # the last sample's batch (prefills ending in one step)
         self._busy_s = 0.0  # decayed sum of service times
         self._busy_at = clock()
 
     # -- prefill ---------------------------------------------------------------------------------
-    def begin_prefill(self, num_tokens: int) -> PrefillTicket:
+    def begin_prefill(self, num_tokens: int, expected_tokens: int | None = None) -> PrefillTicket:
+        """A prefill sent; ``expected_tokens`` when the request will also decode here (whole)."""
         self.queued_prefill_tokens += num_tokens
         self.num_prefills += 1
-        return PrefillTicket(num_tokens, self._clock())
+        ticket = PrefillTicket(num_tokens, self._clock(), expected_tokens)
+        self.prefills.append(ticket)
+        return ticket
 
     def end_prefill(self, ticket: PrefillTicket, *, is_ok: bool) -> None:
         """The prefill finished (``is_ok``) or was abandoned; only finished ones are measured."""
         if not ticket.is_open:
             return
         ticket.is_open = False
+        self.prefills.remove(ticket)
         self.queued_prefill_tokens -= ticket.num_tokens
         self.num_prefills -= 1
         if not is_ok:
             return
         now = self._clock()
+        if now - self._last_prefill_end <= SAME_STEP_S and self._batch_tokens:
+            # Finished in the same engine step as the previous one: one sample for the batch.
+            self._batch_tokens += ticket.num_tokens if ticket.num_tokens >= self.min_sample_tokens else 0
+            self._last_prefill_end = now
+            if self._batch_tokens and self._batch_s > 0:
+                self.prefill_rate.replace_last(self._batch_tokens / self._batch_s)
+                self.shared.prefill_rate.replace_last(self._batch_tokens / self._batch_s)
+            return
         started = max(ticket.sent_at, self._last_prefill_end)
         self._last_prefill_end = now
         service_s = max(now - started, 1e-3)
         self._add_busy(service_s, now)
+        self._batch_tokens, self._batch_s = 0, service_s
         if ticket.num_tokens >= self.min_sample_tokens:
+            self._batch_tokens = ticket.num_tokens
             self.prefill_rate.add(ticket.num_tokens / service_s)
+            self.shared.prefill_rate.add(ticket.num_tokens / service_s)
 
     @property
     def prefill_tokens_per_s(self) -> float:
-        return max(self.prefill_rate.value, 1.0)
+        return max(_own_or_shared(self.prefill_rate, self.shared.prefill_rate), 1.0)
 
     def prefill_s(self, num_tokens: int) -> float:
         """Predicted time until a prefill of ``num_tokens`` sent now finishes (queue included)."""
@@ -156,18 +218,50 @@ class WorkerLoad:
         self._busy_at = now
 
     # -- decode ----------------------------------------------------------------------------------
-    def begin_stream(self) -> None:
-        self.num_streams += 1
+    @property
+    def num_streams(self) -> int:
+        return len(self.streams)
 
-    def end_stream(self, num_tokens: int, decode_s: float) -> None:
-        """A stream that began (first token) ``decode_s`` ago ended after ``num_tokens`` tokens."""
-        self.num_streams -= 1
-        if num_tokens >= 8 and decode_s > 0:
-            self.decode_rate.add((num_tokens - 1) / decode_s)
+    def begin_stream(self, expected_tokens: int) -> StreamTicket:
+        """A stream's first token arrived; the caller counts its tokens on the ticket."""
+        ticket = StreamTicket(self._clock(), max(1, expected_tokens))
+        self.streams.append(ticket)
+        return ticket
+
+    def end_stream(self, ticket: StreamTicket, num_tokens: int | None = None) -> None:
+        """The stream ended after ``num_tokens`` tokens (default: those counted on the ticket)."""
+        if ticket not in self.streams:
+            return
+        self.streams.remove(ticket)
+        if num_tokens is not None:
+            ticket.add_tokens(num_tokens, self._clock())
+        if len(ticket.gaps_s) >= 4:
+            # The median gap: the rate between stalls. A stream's mean rate counts the stalls
+            # other requests' prefills caused, which the policy predicts separately.
+            gap = sorted(ticket.gaps_s)[len(ticket.gaps_s) // 2]
+            if gap > 0:
+                self.decode_rate.add(1 / gap)
+                self.shared.decode_rate.add(1 / gap)
 
     @property
     def decode_tokens_per_s(self) -> float:
-        return max(self.decode_rate.value, 0.1)
+        return max(_own_or_shared(self.decode_rate, self.shared.decode_rate), 0.1)
+
+    def stream_slacks_s(self, tpot_slo_s: float) -> list[float]:
+        """For each stream — running, or a whole request whose prefill is queued here and which
+        will decode while a prefill sent now runs — the stall it can still absorb and keep its
+        TPOT within the SLO: its budget (``tpot_slo_s`` × tokens after the first) less the time
+        it has decoded and the time its remaining tokens need at the measured rate. Negative: it
+        misses already."""
+        now, rate = self._clock(), self.decode_tokens_per_s
+        out = []
+        for s in self.streams:
+            expected = max(s.expected_tokens, s.num_tokens)
+            out.append(tpot_slo_s * (expected - 1) - (now - s.started_at) - (expected - s.num_tokens) / rate)
+        for p in self.prefills:
+            if p.expected_tokens is not None and p.expected_tokens > 1:
+                out.append((tpot_slo_s - 1 / rate) * (p.expected_tokens - 1))
+        return out
 
     def state(self) -> dict:
         return {
@@ -179,6 +273,13 @@ class WorkerLoad:
             "prefill_utilization": round(self.prefill_utilization(), 3),
             "decode_tokens_per_s": round(self.decode_tokens_per_s, 2),
         }
+
+
+def _own_or_shared(own: RecentMedian, shared: RecentMedian) -> float:
+    """A worker's own measurement once it has one, else its peers', else the prior."""
+    if own.is_measured or not shared.is_measured:
+        return own.value
+    return shared.value
 
 
 @dataclass

@@ -23,7 +23,7 @@ from typing import Protocol
 import aiohttp
 
 from dpd.router.breaker import BreakerState, CircuitBreaker
-from dpd.router.load import LoadPriors, WorkerLoad
+from dpd.router.load import LoadPriors, SharedRates, WorkerLoad
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +168,7 @@ def make_pool(
     pool_breaker: CircuitBreaker | None = None,
     on_transition: Callable[[str, BreakerState], None] | None = None,
     priors: LoadPriors | None = None,
+    shared: SharedRates | None = None,
 ) -> Pool:
     """A pool of workers named ``worker_names`` (the launcher's names) or ``<pool>-<i>``.
     Workers start open (unseen) until their first good probe."""
@@ -179,7 +180,7 @@ def make_pool(
     def new_worker(worker_name: str, url: str) -> Worker:
         breaker = CircuitBreaker(worker_name, failure_threshold, open_s, on_transition=on_transition, state=BreakerState.OPEN)
         return Worker(worker_name, url.rstrip("/"), name, breaker, owner=owners.get(worker_name),
-                      load=WorkerLoad(priors or LoadPriors()))
+                      load=WorkerLoad(priors or LoadPriors(), shared=shared))
 
     return Pool(name, [new_worker(n, url) for n, url in zip(names, urls)], pool_breaker, new_worker)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import get_args
 
 from dpd.config.model import AdaptiveSpec, PdSpec
-from dpd.router.adaptive import AdaptiveDecider, Candidates, recommended_threshold
+from dpd.router.adaptive import AdaptiveDecider, Candidates, Slo, recommended_threshold
 from dpd.router.decide import Decision, ThresholdDecider
 from dpd.router.load import EndpointLoad, LoadPriors
 from dpd.router.metrics import RouterMetrics
@@ -41,7 +41,7 @@ class RoutingPolicy:
         self.endpoint = EndpointLoad(priors_from(spec))
         self.threshold = ThresholdDecider(threshold_tokens, is_colocated=is_colocated)
         self.adaptive = AdaptiveDecider(threshold_tokens, self.endpoint, stall_weight=spec.stallWeight,
-                                        is_colocated=is_colocated)
+                                        is_colocated=is_colocated, slo=Slo(spec.ttftSloS, spec.tpotSloS))
         self.set_policy(policy)
         metrics.threshold.set(threshold_tokens)
 
@@ -87,6 +87,7 @@ class RoutingPolicy:
             "threshold_tokens": self.threshold_tokens,
             "recommended_threshold_tokens": self.recommended_threshold(decode),
             "stall_weight": self.spec.stallWeight,
+            "slo": {"ttft_s": self.spec.ttftSloS, "tpot_s": self.spec.tpotSloS},
             "split_overhead_s": round(self.endpoint.split_overhead.value, 4),
             "split_overhead_samples": self.endpoint.split_overhead.num_samples,
             "mean_output_tokens": round(self.endpoint.output_tokens.value, 1),

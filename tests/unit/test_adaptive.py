@@ -22,11 +22,16 @@ class FakeClock:
         return self.now
 
 
-def worker(name: str, *, queued: int = 0, streams: int = 0, rate: float = 500.0, busy_s: float = 0.0) -> Worker:
+def worker(name: str, *, queued: int = 0, streams: int = 0, rate: float = 500.0, busy_s: float = 0.0,
+           stream_tokens: int = 64) -> Worker:
+    """A worker with ``streams`` streams that have just started, each expecting
+    ``stream_tokens`` tokens (at the prior 30 tokens/s and a 0.2 s TPOT target: 10.5 s of slack
+    for 64 tokens)."""
     clock = FakeClock()
     load = WorkerLoad(LoadPriors(prefill_tokens_per_s=rate), clock)
     load.queued_prefill_tokens = queued
-    load.num_streams = streams
+    for _ in range(streams):
+        load.begin_stream(stream_tokens)
     if busy_s:
         load._add_busy(busy_s, clock.now)  # the share of the last minute it spent prefilling
     return Worker(name, f"http://{name}", name.split("-")[0], load=load)
@@ -104,6 +109,23 @@ def test_predicted_ttft_counts_the_queue_ahead():
     assert plan.path is Path.DISAGGREGATED and plan.predicted_ttft_s == pytest.approx(2000 / 500 + 0.5)
 
 
+def test_a_prefill_that_would_push_a_stream_past_its_tpot_target_is_split():
+    """The decoder runs one short stream (8 tokens: 1.2 s of slack); a 3,000-token prefill there
+    (6 s) would make it miss its TPOT target. The idle prefill worker takes the prefill."""
+    p, d = worker("prefill-0"), worker("decode-0", streams=1, stream_tokens=8)
+    plan = decider().plan(3000, 64, Candidates(prefillers=[p], decoders=[d]))
+    assert (plan.path, plan.reason, plan.workers_label) == (Path.DISAGGREGATED, Reason.DECODER_BUSY, "prefill-0>decode-0")
+
+
+def test_a_request_late_on_every_plan_is_queued_where_it_stalls_no_one():
+    """Both queues exceed the 10 s TTFT target: the prompt goes to the prefill pool's queue
+    rather than stall the decoder's streams."""
+    p, d = worker("prefill-0", queued=20_000), worker("decode-0", queued=6000, streams=2)
+    plan = decider().plan(3000, 64, Candidates(prefillers=[p], decoders=[d], others=[p]))
+    assert (plan.path, plan.workers_label) == (Path.DISAGGREGATED, "prefill-0>decode-0")
+    assert plan.predicted_ttft_s > 10
+
+
 @pytest.mark.parametrize("bad", [-1, 1.5, "512", None, True])
 def test_floor_is_validated(bad):
     with pytest.raises(ValueError):
@@ -166,12 +188,57 @@ def test_utilization_decays_with_idle_time():
     assert load.prefill_utilization() == pytest.approx(0.5 * 2.718281828 ** -1, rel=1e-6)
 
 
-def test_decode_rate_from_streams():
-    load = WorkerLoad(LoadPriors(decode_tokens_per_s=30.0), FakeClock())
+def test_decode_rate_is_the_rate_between_stalls():
+    """The median gap between tokens: a stream stalled once by another request's prefill still
+    measures the worker's undisturbed decode rate."""
+    clock = FakeClock()
+    load = WorkerLoad(LoadPriors(decode_tokens_per_s=30.0), clock)
     for _ in range(3):
-        load.begin_stream()
-        load.end_stream(41, 2.0)  # 40 tokens after the first in 2 s
+        ticket = load.begin_stream(41)
+        for i in range(2, 42):
+            clock.now += 3.0 if i == 10 else 0.05  # one 3 s stall, else 20 tokens/s
+            ticket.add_tokens(i, clock.now)
+        load.end_stream(ticket)
     assert load.num_streams == 0 and load.decode_tokens_per_s == pytest.approx(20.0)
+
+
+def test_an_unmeasured_worker_is_predicted_at_its_peers_rate():
+    """The config's prior (500 tokens/s) stands in only until some worker is measured."""
+    clock = FakeClock()
+    measured = WorkerLoad(LoadPriors(prefill_tokens_per_s=500.0), clock)
+    fresh = WorkerLoad(LoadPriors(prefill_tokens_per_s=500.0), clock, shared=measured.shared)
+    for _ in range(3):
+        ticket = measured.begin_prefill(1000)
+        clock.now += 4.0
+        measured.end_prefill(ticket, is_ok=True)
+    assert measured.prefill_tokens_per_s == pytest.approx(250.0)
+    assert fresh.prefill_tokens_per_s == pytest.approx(250.0)
+
+
+def test_prefills_ending_in_one_step_make_one_sample():
+    """vLLM batches several prefills into one engine step: they end together, and the second
+    one's service time is ~0. One sample for the batch, not an absurd rate."""
+    clock = FakeClock()
+    load = WorkerLoad(LoadPriors(prefill_tokens_per_s=100.0), clock)
+    for _ in range(3):
+        a, b = load.begin_prefill(1000), load.begin_prefill(1000)
+        clock.now += 8.0
+        load.end_prefill(a, is_ok=True)
+        clock.now += 0.001
+        load.end_prefill(b, is_ok=True)
+        clock.now += 1.0
+    assert load.prefill_tokens_per_s == pytest.approx(2000 / 8.0)
+
+
+def test_stream_slack_counts_running_streams_and_queued_whole_requests():
+    clock = FakeClock()
+    load = WorkerLoad(LoadPriors(decode_tokens_per_s=20.0), clock)
+    ticket = load.begin_stream(21)  # budget 0.2 × 20 = 4 s, needs 20 / 20 = 1 s
+    clock.now += 0.5
+    ticket.add_tokens(6, clock.now)
+    load.begin_prefill(500, expected_tokens=11)  # will decode here: (0.2 − 0.05) × 10 = 1.5 s
+    load.begin_prefill(500)  # a split's prefill: decodes elsewhere
+    assert load.stream_slacks_s(0.2) == pytest.approx([4.0 - 0.5 - 15 / 20, 1.5])
 
 
 @pytest.mark.parametrize("streams, expected", [(0.0, 8192), (1.0, 150), (2.0, 75)])
