@@ -136,8 +136,9 @@ class AdaptiveSpec(_Frozen):
     online per worker; these priors only stand in until a worker's first measurement."""
 
     stallWeight: float = Field(
-        default=1.0, ge=0, le=100, description="Seconds of TTFT one second of stalled decoding is worth: 0 = minimise "
-        "TTFT only (colocated-like), higher = protect running streams more (static-split-like)."
+        default=1.0, ge=0, le=100, description="Below a predicted SLO miss, the weight of the stall a plan inflicts on "
+        "running streams (each as a share of its TPOT slack) against the request's own budgets: 0 = only misses "
+        "protect them, higher = protect them more (static-split-like)."
     )
     ttftSloS: float = Field(
         default=10.0, gt=0, description="The TTFT target the policy serves: a plan predicted to take longer counts a miss."

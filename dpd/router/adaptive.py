@@ -19,12 +19,17 @@ Each plan also stalls decoding, in seconds:
   ``D × u / (1 − u)``.
 
 The plan is scored by the SLO (``ttftSloS``, ``tpotSloS``) first: each **miss** it would cause
-counts — its own TTFT past the target, its own TPOT past the target, and every running stream
-whose remaining TPOT slack (``WorkerLoad.stream_slacks_s``) the harm would use up — then by
-latency: ``score = MISS_COST × ttftSloS × misses + ttft + stallWeight × (harm + exposure)``.
-So below saturation, where no plan misses, the fastest plan that stalls least wins; near and
-past it, the plan that loses the fewest requests wins (a long prompt that will miss its TTFT
-on every plan is queued where it stalls no one, as a static split would). The lowest score wins
+counts — its own TTFT past the target, its own TPOT past the target (exposure beyond its slack),
+and every stream on the prefilling worker whose remaining TPOT slack
+(``WorkerLoad.stream_slacks_s``) the prefill would use up — then by **risk**, the share of each
+budget it spends (its TTFT of the target, its exposure of its slack, ``stallWeight`` × each other
+stream's stall of its slack): ``score = MISS_COST × misses + risk``. So below saturation,
+where no plan misses, the plan that leaves every budget the most room wins; near and past it,
+the plan that loses the fewest requests. Two rules see past one request: when
+the prefill pool is overloaded (its best split is late) a decoder takes a large prompt whole only
+if it can start it at once, so no queue builds in front of the short requests it serves; and a
+request late on every plan goes where it costs the others least — usually the prefill pool's
+queue, as a static split would. The lowest score wins
 (ties: fewer streams, then the preferred role — decode-pool workers for whole requests).
 Prompts below the floor (``routingThreshold``) are never split, only placed. The reason names
 what decided (``decide.Reason``). The policy splits only in the preferred direction (prefill

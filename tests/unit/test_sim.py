@@ -19,7 +19,8 @@ def test_one_request_alone():
 
 def test_a_long_prefill_stalls_the_stream_beside_it():
     """A stream decoding when a 400-token prompt arrives waits out its 4.1 s step."""
-    a, b = SimEndpoint("colocated", num_prefill=0, num_decode=1, profile=PROFILE).replay([(0.0, 10, 4), (0.25, 400, 2)])
+    a, b = SimEndpoint("colocated", num_prefill=0, num_decode=1, profile=PROFILE).replay(
+        [(0.0, 10, 4), (0.25, 400, 2)])
     assert a.ttft_s == pytest.approx(0.2)
     # a's tokens: 0.2 (first), 0.3, then the step started at 0.3 runs b's prefill with a's token: 4.4, 4.5
     assert a.token_times == pytest.approx([0.2, 0.3, 4.4, 4.5])
