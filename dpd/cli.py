@@ -189,6 +189,7 @@ def _cmd_bench_ladder(args: argparse.Namespace) -> int:
         scenarios=scenarios, num_requests=args.requests, rounds=args.rounds, threshold_tokens=args.threshold,
         adaptive_floor_tokens=args.adaptive_floor, max_prompt_tokens=args.max_prompt_tokens,
         max_output_tokens=args.max_output_tokens, seed=args.seed, burstiness=args.burstiness,
+        workload_rates=tuple((w, r) for w, r in (("trace", args.trace_rates), ("synthetic", args.synthetic_rates)) if r),
     )
     run(spec, Path(args.out))
     print((Path(args.out) / "report.md").read_text())
@@ -381,6 +382,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--scenarios", default="colocated,dpd,dpd-adaptive")
     b.add_argument("--workloads", default="trace,synthetic", help="trace and/or synthetic")
     b.add_argument("--rates", type=_number_list(float, 0.001), default=(0.4, 0.8, 1.2), help="request rates (req/s)")
+    for workload in ("trace", "synthetic"):
+        b.add_argument(f"--{workload}-rates", type=_number_list(float, 0.001), default=None,
+                       help=f"the {workload} workload's own rates (default: --rates)")
     b.add_argument("--requests", type=int, default=100, help="requests per run: one fixed set per workload, every rate")
     b.add_argument("--rounds", type=int, default=1, help="repeats of the whole ladder (rates shuffled, order rotated)")
     b.add_argument("--threshold", type=int, default=512, help="the static split's threshold (and the long/short class boundary)")

@@ -63,6 +63,11 @@ class LadderSpec:
     model: str = "smollm2-135m"
     seed: int = 0
     burstiness: float = 1.0
+    workload_rates: tuple[tuple[str, tuple[float, ...]], ...] = ()  # per-workload rates instead of ``rates_rps``
+
+    def rates_for(self, workload: str) -> tuple[float, ...]:
+        """A workload's rates: its own where given (its capacity may differ), else ``rates_rps``."""
+        return dict(self.workload_rates).get(workload, self.rates_rps)
 
 
 # -- the request sets -------------------------------------------------------------------------------
@@ -106,7 +111,7 @@ def schedule(spec: LadderSpec) -> list[tuple[int, str, float, str]]:
     runs, step = [], 0
     for round_index in range(spec.rounds):
         for workload in spec.workloads:
-            rates = list(spec.rates_rps)
+            rates = list(spec.rates_for(workload))
             rng.shuffle(rates)
             for rate in rates:
                 k = step % len(spec.scenarios)
@@ -195,7 +200,8 @@ def endpoints(spec: LadderSpec, work_dir: Path) -> Iterator[dict[str, ServeProce
             d.mkdir(parents=True, exist_ok=True)
             config = write_config(d / "endpoint.yaml", router_port=ports[0], worker_base_port=ports[1],
                                   side_channel_base_port=ports[2], worker_args=WORKER_ARGS,
-                                  routingThreshold=spec.threshold_tokens, routingPolicy="threshold")
+                                  routingThreshold=spec.threshold_tokens, routingPolicy="threshold",
+                                  router={"adaptive": {"ttftSloS": spec.slo.ttft_s, "tpotSloS": spec.slo.tpot_s}})
             serves[kind] = ServeProcess(config, *flag, log_path=d / "serve.log")
         for kind, serve in serves.items():
             print(f"[ladder] waiting for the {kind} endpoint (~3–5 min for both)", file=sys.stderr, flush=True)

@@ -42,6 +42,7 @@ Every input is read through ``Worker.load`` and ``EndpointLoad`` — the interfa
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -49,6 +50,7 @@ from dpd.router.decide import Decision, Path, Reason, checked_threshold
 from dpd.router.load import EndpointLoad
 from dpd.router.pools import Worker
 
+TTFT_WEIGHT = 0.1
 TIE_BREAK = 1e-3  # per stream: equal plans go to the less crowded worker
 MISS_COST = 4.0  # one predicted SLO miss outweighs any risk short of one (a risk term is at most 1 per budget)
 SMALL_PREFILL = 0.1  # share of the TTFT target: a prefill this short may queue on a decoder in overload
@@ -75,9 +77,9 @@ class Scored:
     decision: Decision
     ttft_s: float
     stall_s: float  # harm + exposure
-    misses: int  # SLO misses predicted: its own TTFT and TPOT, the streams its prefill pushes past theirs
+    misses: float  # SLO misses predicted (expected): its own TTFT and TPOT, the streams its prefill pushes past theirs
     score: float
-    harm_misses: int = 0  # of ``misses``, the other streams'
+    harm_misses: float = 0  # of ``misses``, the other streams'
     harm_s: float = 0.0  # of ``stall_s``, the other streams' (not the new stream's own exposure)
 
 
@@ -154,7 +156,10 @@ class AdaptiveDecider:
     def _split(self, p: Worker, d: Worker, n: int, m: int) -> Scored:
         ttft = p.load.prefill_s(n) + self.endpoint.split_overhead.value
         prefill_s = n / p.load.prefill_tokens_per_s
-        exposure = self._future_stall_s(d, m) + d.load.queued_prefill_tokens / d.load.prefill_tokens_per_s
+        # The decoder's queued prefills stall the stream only as far as they outlast the split's
+        # own prefill and KV pull.
+        queued_after_s = max(0.0, d.load.queued_prefill_tokens / d.load.prefill_tokens_per_s - ttft)
+        exposure = self._future_stall_s(d, m) + queued_after_s
         decision = Decision(Path.DISAGGREGATED, Reason.DECODER_BUSY, prefill=p, decode=d, predicted_ttft_s=ttft)
         return self._scored(decision, ttft, exposure, d, m, prefill_s, p)
 
@@ -163,8 +168,8 @@ class AdaptiveDecider:
         """Misses first, then risk: the share of each SLO budget the plan uses up (its own TTFT
         and TPOT slack, and each running stream's TPOT slack on the worker that prefills)."""
         own_slack = (self.slo.tpot_s - 1 / d.load.decode_tokens_per_s) * max(m - 1, 0)
-        own_misses = int(ttft > self.slo.ttft_s) + int(m > 1 and exposure > own_slack)
-        own_risk = min(1.0, ttft / self.slo.ttft_s) + (min(1.0, exposure / own_slack) if own_slack > 0 else 1.0)
+        own_misses = int(ttft > self.slo.ttft_s) + self._tpot_miss(exposure, own_slack, d, m)
+        own_risk = TTFT_WEIGHT * min(1.0, ttft / self.slo.ttft_s) + (min(1.0, exposure / own_slack) if own_slack > 0 else 1.0)
         slacks = prefiller.load.stream_slacks_s(self.slo.tpot_s)
         pushed = sum(slack < prefill_s for slack in slacks)
         harm_risk = sum(prefill_s / slack for slack in slacks if slack >= prefill_s and slack > 0)
@@ -172,6 +177,18 @@ class AdaptiveDecider:
         score = MISS_COST * misses + own_risk + self.stall_weight * harm_risk + TIE_BREAK * d.load.num_streams
         return Scored(decision, ttft, prefill_s * len(slacks) + exposure, misses, score, harm_misses=pushed,
                       harm_s=prefill_s * len(slacks))
+
+    @staticmethod
+    def _tpot_miss(exposure: float, slack: float, d: Worker, m: int) -> float:
+        """The chance the new stream misses its TPOT target on ``d``: certain when the stall
+        already predicted exceeds its slack; else the chance that, while it decodes, ``d`` runs
+        at least one prefill longer than its slack (at the rate such prefills ran there lately)."""
+        if m <= 1:
+            return 0.0
+        if exposure > slack:
+            return 1.0
+        decode_s = (m - 1) / d.load.decode_tokens_per_s
+        return 1.0 - math.exp(-d.load.stalls_longer_than_per_s(slack - exposure) * decode_s)
 
     @staticmethod
     def _future_stall_s(w: Worker, m: int) -> float:

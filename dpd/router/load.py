@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -159,6 +160,7 @@ class WorkerLoad:
         self._batch_tokens, self._batch_s = 0, 0.0  # the last sample's batch (prefills ending in one step)
         self._busy_s = 0.0  # decayed sum of service times
         self._busy_at = clock()
+        self._recent: deque[tuple[float, float]] = deque(maxlen=256)  # (end, service s) of recent prefills
 
     # -- prefill ---------------------------------------------------------------------------------
     def begin_prefill(self, num_tokens: int, expected_tokens: int | None = None) -> PrefillTicket:
@@ -213,7 +215,14 @@ class WorkerLoad:
     def _decayed(self, now: float) -> float:
         return self._busy_s * math.exp(-max(0.0, now - self._busy_at) / self.window_s)
 
+    def stalls_longer_than_per_s(self, stall_s: float) -> float:
+        """How often, per second over the last ``window_s``, a prefill here ran longer than
+        ``stall_s`` — each one stalled every stream on the worker that long."""
+        since = self._clock() - self.window_s
+        return sum(end >= since and service > stall_s for end, service in self._recent) / self.window_s
+
     def _add_busy(self, service_s: float, now: float) -> None:
+        self._recent.append((now, service_s))
         self._busy_s = self._decayed(now) + service_s
         self._busy_at = now
 

@@ -60,6 +60,12 @@ def test_schedule_shuffles_rates_and_rotates_scenarios():
     assert all({r[3] for r in step} == {"colocated", "dpd", "dpd-adaptive"} for step in steps)
 
 
+def test_a_workload_may_have_its_own_rates():
+    runs = schedule(spec(workloads=("trace", "synthetic"), workload_rates=(("trace", (0.1, 0.2)),)))
+    assert sorted({r[2] for r in runs if r[1] == "trace"}) == [0.1, 0.2]
+    assert sorted({r[2] for r in runs if r[1] == "synthetic"}) == [0.3, 0.6, 0.9]
+
+
 def test_bootstrap_of_a_mean_has_the_textbook_interval():
     rng = random.Random(1)
     values = [rng.gauss(10.0, 2.0) for _ in range(400)]
