@@ -76,11 +76,10 @@ class Slo:
 class Scored:
     decision: Decision
     ttft_s: float
-    stall_s: float  # harm + exposure
     misses: float  # SLO misses predicted (expected): its own TTFT and TPOT, the streams its prefill pushes past theirs
     score: float
     harm_misses: float = 0  # of ``misses``, the other streams'
-    harm_s: float = 0.0  # of ``stall_s``, the other streams' (not the new stream's own exposure)
+    harm_s: float = 0.0  # the stall the prefill inflicts on the other streams, summed
 
 
 class AdaptiveDecider:
@@ -142,9 +141,6 @@ class AdaptiveDecider:
             return True
         return n / w.load.prefill_tokens_per_s <= SMALL_PREFILL * self.slo.ttft_s
 
-    def score_whole(self, worker: Worker, num_prompt_tokens: int, num_output_tokens: int) -> Scored:
-        return self._whole(worker, num_prompt_tokens, num_output_tokens)
-
     def _whole(self, w: Worker, n: int, m: int) -> Scored:
         load = w.load
         ttft = load.prefill_s(n)
@@ -175,8 +171,7 @@ class AdaptiveDecider:
         harm_risk = sum(prefill_s / slack for slack in slacks if slack >= prefill_s and slack > 0)
         misses = own_misses + pushed
         score = MISS_COST * misses + own_risk + self.stall_weight * harm_risk + TIE_BREAK * d.load.num_streams
-        return Scored(decision, ttft, prefill_s * len(slacks) + exposure, misses, score, harm_misses=pushed,
-                      harm_s=prefill_s * len(slacks))
+        return Scored(decision, ttft, misses, score, harm_misses=pushed, harm_s=prefill_s * len(slacks))
 
     @staticmethod
     def _tpot_miss(exposure: float, slack: float, d: Worker, m: int) -> float:

@@ -208,13 +208,15 @@ class Router:
             num_prompt_tokens = await self._tokenizer_call(
                 self.counter.count, parsed, what="tokenize the prompt",
                 param="messages" if isinstance(parsed, ChatCompletionRequest) else "prompt")
-            self._check_length(num_prompt_tokens, requested_max_tokens(parsed))
+            max_tokens = requested_max_tokens(parsed)
+            self._check_length(num_prompt_tokens, max_tokens)
             if tenant is not None:
                 self._check_tenant_limits(tenant, num_prompt_tokens)
             tenant_name = tenant.name if tenant else None
-            decision = self.routing.decide(num_prompt_tokens, requested_max_tokens(parsed), self.prefill, self.decode, tenant_name)
+            decision = self.routing.decide(num_prompt_tokens, max_tokens, self.prefill, self.decode, tenant_name)
             self.metrics.decisions.labels(decision.path.value, decision.reason.value).inc()
-            ctx = RequestContext(request_id, endpoint, body, decision, num_prompt_tokens, tenant=tenant_name)
+            ctx = RequestContext(request_id, endpoint, body, decision, num_prompt_tokens, tenant=tenant_name,
+                                 max_output_tokens=max_tokens)
             assert self.flow is not None
             stream = await until_disconnect(request, self.flow.open(ctx))
             path_label = stream.path_label

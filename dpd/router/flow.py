@@ -68,6 +68,7 @@ class RequestContext:
     decision: Decision
     num_prompt_tokens: int
     tenant: str | None = None
+    max_output_tokens: int | None = None  # the request's cap (max_tokens / max_completion_tokens), if it set one
     started_at: float = field(default_factory=time.monotonic)
 
     @property
@@ -83,14 +84,14 @@ class UpstreamStream:
     """An open streaming response from one worker, its first event already read."""
 
     def __init__(self, worker: Worker, path_label: str, response: aiohttp.ClientResponse, lines: AsyncIterator[bytes],
-                 endpoint_load: EndpointLoad | None = None, body: dict[str, Any] | None = None):
+                 endpoint_load: EndpointLoad | None = None, expected_tokens: int = 16):
         self.worker = worker
         self.path_label = path_label
         self.fallback_reason: str | None = None
         self.prefiller: str | None = None  # the worker that prefilled, on the disaggregated path
         self._response = response
         self._lines = lines
-        self._body = body or {}
+        self._expected_tokens = expected_tokens  # for the stream's TPOT budget
         self._pending: list[tuple[bytes, dict[str, Any] | None]] = []
         self._closed = False
         self._endpoint_load = endpoint_load
@@ -110,7 +111,7 @@ class UpstreamStream:
         if event is None:
             raise worker_failed(self.worker.pool, self.worker.name, "stream ended before the first token")
         self._pending.append(event)
-        self._ticket = self.worker.load.begin_stream(expected_output_tokens(self._body, self._endpoint_load))
+        self._ticket = self.worker.load.begin_stream(self._expected_tokens)
 
     async def _next(self) -> tuple[bytes, dict[str, Any] | None] | None:
         """The next ``data:`` event as (raw line, parsed JSON or None for ``[DONE]``)."""
@@ -155,15 +156,6 @@ class UpstreamStream:
             self._response.close()
             if self.on_close is not None:
                 self.on_close()
-
-
-def expected_output_tokens(body: dict[str, Any], endpoint_load: EndpointLoad | None) -> int:
-    """The tokens a request will generate, for its TPOT budget: its cap, else the typical output."""
-    for key in ("max_completion_tokens", "max_tokens"):
-        value = body.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return round(endpoint_load.output_tokens.value) if endpoint_load is not None else 16
 
 
 def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
@@ -424,7 +416,8 @@ class PdFlow:
         resp: aiohttp.ClientResponse | None = None
         stream: UpstreamStream | None = None
         is_whole = "kv_transfer_params" not in body  # the worker prefills too
-        ticket = worker.load.begin_prefill(ctx.num_prompt_tokens, expected_output_tokens(body, self._endpoint_load)) if is_whole else None
+        expected_tokens = ctx.max_output_tokens or (round(self._endpoint_load.output_tokens.value) if self._endpoint_load else 16)
+        ticket = worker.load.begin_prefill(ctx.num_prompt_tokens, expected_tokens) if is_whole else None
         try:
             async with asyncio.timeout(first_token_timeout_s):
                 resp = await self._session.post(
@@ -437,7 +430,8 @@ class PdFlow:
                 )
                 if resp.status != 200:
                     raise await _error_from(resp, worker)
-                stream = UpstreamStream(worker, path_label, resp, resp.content.__aiter__(), self._endpoint_load, body)
+                stream = UpstreamStream(worker, path_label, resp, resp.content.__aiter__(), self._endpoint_load,
+                                        expected_tokens)
                 await stream.read_first()
                 if ticket is not None:
                     worker.load.end_prefill(ticket, is_ok=True)

@@ -150,7 +150,6 @@ class WorkerLoad:
         self.window_s = window_s
         self.min_sample_tokens = min_sample_tokens
         self.queued_prefill_tokens = 0
-        self.num_prefills = 0
         self.streams: list[StreamTicket] = []
         self.prefill_rate = RecentMedian(priors.prefill_tokens_per_s)
         self.decode_rate = RecentMedian(priors.decode_tokens_per_s)
@@ -166,7 +165,6 @@ class WorkerLoad:
     def begin_prefill(self, num_tokens: int, expected_tokens: int | None = None) -> PrefillTicket:
         """A prefill sent; ``expected_tokens`` when the request will also decode here (whole)."""
         self.queued_prefill_tokens += num_tokens
-        self.num_prefills += 1
         ticket = PrefillTicket(num_tokens, self._clock(), expected_tokens)
         self.prefills.append(ticket)
         return ticket
@@ -178,7 +176,6 @@ class WorkerLoad:
         ticket.is_open = False
         self.prefills.remove(ticket)
         self.queued_prefill_tokens -= ticket.num_tokens
-        self.num_prefills -= 1
         if not is_ok:
             return
         now = self._clock()
@@ -199,6 +196,10 @@ class WorkerLoad:
             self._batch_tokens = ticket.num_tokens
             self.prefill_rate.add(ticket.num_tokens / service_s)
             self.shared.prefill_rate.add(ticket.num_tokens / service_s)
+
+    @property
+    def num_prefills(self) -> int:
+        return len(self.prefills)
 
     @property
     def prefill_tokens_per_s(self) -> float:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import random
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from dpd.router.adaptive import AdaptiveDecider, Candidates, Slo
 from dpd.router.decide import Path, ThresholdDecider
 from dpd.router.load import EndpointLoad, LoadPriors, SharedRates, WorkerLoad
+from dpd.router.pick import LeastOutstandingPicker
 from dpd.router.pools import Worker
 
 POLICIES = ("colocated", "threshold", "adaptive")
@@ -154,7 +156,7 @@ class SimEndpoint:
 
     def __init__(self, policy: str, *, num_prefill: int = 1, num_decode: int = 1, threshold_tokens: int = 512,
                  floor_tokens: int = 0, profile: EngineProfile = EngineProfile(), priors: LoadPriors = LoadPriors(),
-                 slo: Slo = Slo(), stall_weight: float = 1.0):
+                 slo: Slo = Slo(), stall_weight: float = 1.0, seed: int = 0):
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)}")
         self.sim = Sim()
@@ -173,6 +175,7 @@ class SimEndpoint:
         self.endpoint = EndpointLoad(priors)
         self.threshold = ThresholdDecider(threshold_tokens, is_colocated=policy == "colocated")
         self.adaptive = AdaptiveDecider(floor_tokens, self.endpoint, stall_weight=stall_weight, slo=slo)
+        self.picker = LeastOutstandingPicker(random.Random(seed))  # the router's default picker
 
     def replay(self, requests: list[tuple[float, int, int]]) -> list[Outcome]:
         """Serve (arrival s, prompt tokens, output tokens) requests; their outcomes in order."""
@@ -181,9 +184,6 @@ class SimEndpoint:
             self.sim.at(outcome.arrival_s, lambda o=outcome: self._route(o))  # type: ignore[misc]
         self.sim.run()
         return outcomes
-
-    def _least_outstanding(self, workers: list[Worker]) -> Worker:
-        return min(workers, key=lambda w: w.num_in_flight)
 
     def _route(self, o: Outcome) -> None:
         n, m = o.prompt_tokens, o.output_tokens
@@ -194,8 +194,8 @@ class SimEndpoint:
         else:
             decision = self.threshold.decide(n, has_prefill_capacity=bool(self.prefill))
             path, reason = decision.path, decision.reason.value
-            p = self._least_outstanding(self.prefill) if path is Path.DISAGGREGATED else None
-            d = self._least_outstanding(self.decode)
+            p = self.picker.pick(self.prefill) if path is Path.DISAGGREGATED else None
+            d = self.picker.pick(self.decode)
         assert d is not None
         o.path, o.reason = path.value, reason
         if path is Path.DISAGGREGATED and p is not None:
