@@ -229,6 +229,31 @@ def warm_up(url: str, spec: LadderSpec, seed: int) -> None:
     asyncio.run(replay(url, spec.model, warm, threshold_tokens=spec.threshold_tokens, seed=seed, progress=False))
 
 
+def open_breakers(workers_state: dict) -> list[str]:
+    """The breakers not closed in a ``GET /admin/workers`` answer (``*`` = a pool's)."""
+    out = []
+    for pool_name, pool in workers_state.get("pools", {}).items():
+        if pool.get("breaker") not in (None, "closed"):
+            out.append(f"{pool_name}:*")
+        out += [f"{pool_name}:{w['name']}" for w in pool.get("workers", []) if w.get("breaker") != "closed"]
+    return out
+
+
+def settle(url: str, spec: LadderSpec, seed: int, attempts: int = 12) -> list[str]:
+    """Warm up until every breaker is closed, so that no run inherits the one before it (an
+    overloaded run can leave the prefill pool's breaker open, and the next run would then be
+    served without a prefill pool). Returns the breakers still open after ``attempts``."""
+    still_open: list[str] = []
+    for attempt in range(attempts):
+        if attempt:
+            time.sleep(5.0)  # past the breakers' open period: the warm-up is their trial
+        warm_up(url, spec, seed=seed + attempt)
+        still_open = open_breakers(requests.get(url + "/admin/workers", timeout=10).json())
+        if not still_open:
+            break
+    return still_open
+
+
 def run(spec: LadderSpec, out_dir: Path) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     base = load_azure_trace(spec.trace_dir) if "trace" in spec.workloads else None
@@ -245,13 +270,13 @@ def run(spec: LadderSpec, out_dir: Path) -> dict:
         for i, (round_index, workload, rate, scenario) in enumerate(plan):
             serve = serves["colocated" if scenario == "colocated" else "pd"]
             configure(serve, scenario, spec)
-            warm_up(serve.url, spec, seed=10_000 + i)  # warm-up ids differ from the set's
+            still_open = settle(serve.url, spec, seed=10_000 + 100 * i)  # warm-up ids differ from the set's
             label = f"[{i + 1}/{len(plan)}] round {round_index + 1} {workload} {scenario} @ {rate:g} req/s"
             records, duration_s = asyncio.run(replay(serve.url, spec.model, at_rate(sets[workload][0], rate),
                                                      threshold_tokens=spec.threshold_tokens, seed=spec.seed, label=label))
             lag = percentile([r.send_lag_s for r in records], 0.99)
             results["runs"].append({"round": round_index, "workload": workload, "rate_rps": rate, "scenario": scenario,
-                                    "duration_s": duration_s, "client_lag_p99_s": lag,
+                                    "duration_s": duration_s, "client_lag_p99_s": lag, "breakers_open_at_start": still_open,
                                     "records": [asdict(r) for r in records]})
             figures = class_figures(records, spec.slo)
             print(f"[ladder] {label}: attainment {figures['attainment']:.0%}, {figures['quantile']} TTFT "

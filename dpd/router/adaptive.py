@@ -84,12 +84,13 @@ class Scored:
 
 class AdaptiveDecider:
     def __init__(self, floor_tokens: int, endpoint: EndpointLoad, *, stall_weight: float = 1.0,
-                 is_colocated: bool = False, slo: Slo = Slo()):
+                 is_colocated: bool = False, slo: Slo = Slo(), max_prefill_wait_s: float = math.inf):
         self.set_threshold(floor_tokens)
         self.endpoint = endpoint
         self.stall_weight = stall_weight
         self.is_colocated = is_colocated
         self.slo = slo
+        self.max_prefill_wait_s = max_prefill_wait_s  # the prefill hop's deadline (router.prefillTimeoutS)
 
     @property
     def threshold_tokens(self) -> int:
@@ -110,9 +111,14 @@ class AdaptiveDecider:
             return _with_reason(best_whole, Reason.COLOCATED)
         if n < self._floor_tokens:
             return _with_reason(best_whole, Reason.SHORT_PROMPT)
-        splits = [self._split(p, d, n, m) for p in candidates.prefillers for d in candidates.decoders if p is not d]
-        if not splits:
+        # A split whose prefill would wait past the prefill hop's deadline would time out, fall
+        # back and count against the prefill worker's breaker: not a plan.
+        pairs = [(p, d) for p in candidates.prefillers for d in candidates.decoders if p is not d]
+        if not pairs:
             return _with_reason(best_whole, Reason.PREFILL_UNAVAILABLE)
+        splits = [self._split(p, d, n, m) for p, d in pairs if p.load.prefill_s(n) <= self.max_prefill_wait_s]
+        if not splits:
+            return _with_reason(best_whole, Reason.PREFILL_QUEUE_LONG)
         best_split = min(splits, key=lambda s: s.score)
         if best_split.ttft_s > self.slo.ttft_s:
             # The prefill pool is overloaded: a decoder takes a large prompt whole only if it

@@ -98,7 +98,8 @@ class Router:
         self.prefill = self._make_pool("prefill", settings.prefill_urls, settings.prefill_names)
         self.decode = self._make_pool("decode", settings.decode_urls, settings.decode_names)
         self.routing = RoutingPolicy(settings.routing_policy, settings.threshold_tokens, spec.adaptive, self.metrics,
-                                     is_colocated=settings.is_colocated, max_model_len=settings.max_model_len)
+                                     is_colocated=settings.is_colocated, max_model_len=settings.max_model_len,
+                                     prefill_timeout_s=spec.prefillTimeoutS)
         self.counter = TokenCounter(tokenizer or load_tokenizer(settings.tokenizer_path))
         self.picker = make_picker(spec.picker)
         self.gates = {

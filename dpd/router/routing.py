@@ -15,6 +15,7 @@ gauge change (admin API, the cluster router's config reload).
 
 from __future__ import annotations
 
+import math
 from typing import get_args
 
 from dpd.config.model import AdaptiveSpec, PdSpec
@@ -34,14 +35,15 @@ def priors_from(spec: AdaptiveSpec) -> LoadPriors:
 
 class RoutingPolicy:
     def __init__(self, policy: str, threshold_tokens: int, spec: AdaptiveSpec, metrics: RouterMetrics, *,
-                 is_colocated: bool = False, max_model_len: int = 8192):
+                 is_colocated: bool = False, max_model_len: int = 8192, prefill_timeout_s: float = math.inf):
         self._metrics = metrics
         self.spec = spec
         self.max_model_len = max_model_len
         self.endpoint = EndpointLoad(priors_from(spec))
         self.threshold = ThresholdDecider(threshold_tokens, is_colocated=is_colocated)
         self.adaptive = AdaptiveDecider(threshold_tokens, self.endpoint, stall_weight=spec.stallWeight,
-                                        is_colocated=is_colocated, slo=Slo(spec.ttftSloS, spec.tpotSloS))
+                                        is_colocated=is_colocated, slo=Slo(spec.ttftSloS, spec.tpotSloS),
+                                        max_prefill_wait_s=0.8 * prefill_timeout_s)  # a margin for the rate's error
         self.set_policy(policy)
         metrics.threshold.set(threshold_tokens)
 

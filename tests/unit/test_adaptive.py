@@ -126,6 +126,15 @@ def test_a_request_late_on_every_plan_is_queued_where_it_stalls_no_one():
     assert plan.predicted_ttft_s > 10
 
 
+def test_a_split_that_would_outwait_the_prefill_deadline_is_not_planned():
+    """60 s of queue on the prefill worker against a 30 s prefill hop deadline: the split would
+    time out and trip the worker's breaker, so the request runs whole."""
+    p, d = worker("prefill-0", queued=30_000), worker("decode-0", streams=2)
+    decider_ = AdaptiveDecider(0, EndpointLoad(LoadPriors()), max_prefill_wait_s=30.0)
+    plan = decider_.plan(3000, 64, Candidates(prefillers=[p], decoders=[d], others=[p]))
+    assert (plan.path, plan.reason, plan.workers_label) == (Path.DIRECT, Reason.PREFILL_QUEUE_LONG, "decode-0")
+
+
 @pytest.mark.parametrize("bad", [-1, 1.5, "512", None, True])
 def test_floor_is_validated(bad):
     with pytest.raises(ValueError):

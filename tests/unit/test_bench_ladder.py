@@ -13,6 +13,7 @@ from dpd.bench.ladder import (
     at_rate,
     capacity,
     class_figures,
+    open_breakers,
     paired_ratio,
     report,
     request_set,
@@ -64,6 +65,13 @@ def test_a_workload_may_have_its_own_rates():
     runs = schedule(spec(workloads=("trace", "synthetic"), workload_rates=(("trace", (0.1, 0.2)),)))
     assert sorted({r[2] for r in runs if r[1] == "trace"}) == [0.1, 0.2]
     assert sorted({r[2] for r in runs if r[1] == "synthetic"}) == [0.3, 0.6, 0.9]
+
+
+def test_open_breakers_names_pool_and_worker_breakers():
+    state = {"pools": {"prefill": {"breaker": "half_open", "workers": [{"name": "prefill-0", "breaker": "open"}]},
+                       "decode": {"breaker": None, "workers": [{"name": "decode-0", "breaker": "closed"}]}}}
+    assert open_breakers(state) == ["prefill:*", "prefill:prefill-0"]
+    assert open_breakers({"pools": {"decode": {"breaker": None, "workers": [{"name": "d", "breaker": "closed"}]}}}) == []
 
 
 def test_bootstrap_of_a_mean_has_the_textbook_interval():
