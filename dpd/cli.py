@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import json
 import logging
+import signal
 import sys
 from pathlib import Path
 from typing import Any, get_args
@@ -465,6 +466,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
@@ -474,6 +479,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "validate" and not args.schema and not args.file:
         print("dpd validate: give a FILE (or --schema)", file=sys.stderr)
         return 2
+    if args.command == "bench":  # SIGTERM stops a benchmark like Ctrl-C: its endpoints are stopped too
+        signal.signal(signal.SIGTERM, _interrupt)
     try:
         return args.func(args)
     except ConfigError as exc:

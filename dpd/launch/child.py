@@ -19,6 +19,7 @@ import requests
 import yaml
 
 from dpd.config import load_config
+from dpd.launch.process import child_setup
 
 
 def _merge(base: dict, overrides: dict) -> dict:
@@ -58,6 +59,7 @@ class ServeProcess:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
+            preexec_fn=child_setup,  # stops (SIGTERM) if this process dies without stop()
         )
 
     def wait_ready(self, timeout_s: float = 900) -> None:

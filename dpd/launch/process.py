@@ -39,8 +39,9 @@ except OSError:  # not glibc: workers then only die with the launcher through st
     _LIBC = None
 
 
-def _child_setup(cores: tuple[int, ...]) -> None:
-    """Runs in the child between fork and exec: async-signal-safe calls only."""
+def child_setup(cores: tuple[int, ...] = ()) -> None:
+    """Runs in the child between fork and exec (async-signal-safe calls only): the child gets
+    SIGTERM when its parent dies, and is pinned to ``cores`` if given."""
     if _LIBC is not None:
         _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     if cores:
@@ -78,7 +79,7 @@ class WorkerProcess:
                 stderr=asyncio.subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
-                preexec_fn=lambda: _child_setup(cores),
+                preexec_fn=lambda: child_setup(cores),
             )
         finally:
             log_file.close()
