@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dpd.router.decide import Decision, Path, Reason, checked_threshold
 from dpd.router.load import EndpointLoad
@@ -80,17 +80,20 @@ class Scored:
     score: float
     harm_misses: float = 0  # of ``misses``, the other streams'
     harm_s: float = 0.0  # the stall the prefill inflicts on the other streams, summed
+    decode_wait_s: float = 0.0  # a split's decode hop: the decoder's queued prefills it waits for
 
 
 class AdaptiveDecider:
     def __init__(self, floor_tokens: int, endpoint: EndpointLoad, *, stall_weight: float = 1.0,
-                 is_colocated: bool = False, slo: Slo = Slo(), max_prefill_wait_s: float = math.inf):
+                 is_colocated: bool = False, slo: Slo = Slo(), max_prefill_wait_s: float = math.inf,
+                 max_decode_wait_s: float = math.inf):
         self.set_threshold(floor_tokens)
         self.endpoint = endpoint
         self.stall_weight = stall_weight
         self.is_colocated = is_colocated
         self.slo = slo
         self.max_prefill_wait_s = max_prefill_wait_s  # the prefill hop's deadline (router.prefillTimeoutS)
+        self.max_decode_wait_s = max_decode_wait_s  # the decode hop's first-token deadline (decodeFirstTokenTimeoutS)
 
     @property
     def threshold_tokens(self) -> int:
@@ -111,12 +114,15 @@ class AdaptiveDecider:
             return _with_reason(best_whole, Reason.COLOCATED)
         if n < self._floor_tokens:
             return _with_reason(best_whole, Reason.SHORT_PROMPT)
-        # A split whose prefill would wait past the prefill hop's deadline would time out, fall
-        # back and count against the prefill worker's breaker: not a plan.
+        # A split whose prefill would wait past the prefill hop's deadline, or whose decode hop
+        # would wait for the decoder's own queued prefills past its first-token deadline, would
+        # time out, fall back and count against the breakers (a flapping prefill-pool breaker
+        # then takes every split away): not a plan.
         pairs = [(p, d) for p in candidates.prefillers for d in candidates.decoders if p is not d]
         if not pairs:
             return _with_reason(best_whole, Reason.PREFILL_UNAVAILABLE)
-        splits = [self._split(p, d, n, m) for p, d in pairs if p.load.prefill_s(n) <= self.max_prefill_wait_s]
+        splits = [scored for p, d in pairs if p.load.prefill_s(n) <= self.max_prefill_wait_s
+                  and (scored := self._split(p, d, n, m)).decode_wait_s <= self.max_decode_wait_s]
         if not splits:
             return _with_reason(best_whole, Reason.PREFILL_QUEUE_LONG)
         best_split = min(splits, key=lambda s: s.score)
@@ -163,7 +169,7 @@ class AdaptiveDecider:
         queued_after_s = max(0.0, d.load.queued_prefill_tokens / d.load.prefill_tokens_per_s - ttft)
         exposure = self._future_stall_s(d, m) + queued_after_s
         decision = Decision(Path.DISAGGREGATED, Reason.DECODER_BUSY, prefill=p, decode=d, predicted_ttft_s=ttft)
-        return self._scored(decision, ttft, exposure, d, m, prefill_s, p)
+        return replace(self._scored(decision, ttft, exposure, d, m, prefill_s, p), decode_wait_s=queued_after_s)
 
     def _scored(self, decision: Decision, ttft: float, exposure: float, d: Worker, m: int, prefill_s: float,
                 prefiller: Worker) -> Scored:

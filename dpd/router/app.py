@@ -99,7 +99,8 @@ class Router:
         self.decode = self._make_pool("decode", settings.decode_urls, settings.decode_names)
         self.routing = RoutingPolicy(settings.routing_policy, settings.threshold_tokens, spec.adaptive, self.metrics,
                                      is_colocated=settings.is_colocated, max_model_len=settings.max_model_len,
-                                     prefill_timeout_s=spec.prefillTimeoutS)
+                                     prefill_timeout_s=spec.prefillTimeoutS,
+                                     decode_first_token_timeout_s=spec.decodeFirstTokenTimeoutS)
         self.counter = TokenCounter(tokenizer or load_tokenizer(settings.tokenizer_path))
         self.picker = make_picker(spec.picker)
         self.gates = {

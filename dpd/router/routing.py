@@ -35,7 +35,8 @@ def priors_from(spec: AdaptiveSpec) -> LoadPriors:
 
 class RoutingPolicy:
     def __init__(self, policy: str, threshold_tokens: int, spec: AdaptiveSpec, metrics: RouterMetrics, *,
-                 is_colocated: bool = False, max_model_len: int = 8192, prefill_timeout_s: float = math.inf):
+                 is_colocated: bool = False, max_model_len: int = 8192, prefill_timeout_s: float = math.inf,
+                 decode_first_token_timeout_s: float = math.inf):
         self._metrics = metrics
         self.spec = spec
         self.max_model_len = max_model_len
@@ -43,7 +44,9 @@ class RoutingPolicy:
         self.threshold = ThresholdDecider(threshold_tokens, is_colocated=is_colocated)
         self.adaptive = AdaptiveDecider(threshold_tokens, self.endpoint, stall_weight=spec.stallWeight,
                                         is_colocated=is_colocated, slo=Slo(spec.ttftSloS, spec.tpotSloS),
-                                        max_prefill_wait_s=0.8 * prefill_timeout_s)  # a margin for the rate's error
+                                        # margins for the measured rates' error
+                                        max_prefill_wait_s=0.8 * prefill_timeout_s,
+                                        max_decode_wait_s=0.5 * decode_first_token_timeout_s)
         self.set_policy(policy)
         metrics.threshold.set(threshold_tokens)
 

@@ -135,6 +135,16 @@ def test_a_split_that_would_outwait_the_prefill_deadline_is_not_planned():
     assert (plan.path, plan.reason, plan.workers_label) == (Path.DIRECT, Reason.PREFILL_QUEUE_LONG, "decode-0")
 
 
+def test_a_split_whose_decode_hop_would_wait_past_its_deadline_is_not_planned():
+    """The decoder has 12 s of prefill queued; the split's prefill takes 6 s, so its decode hop
+    would wait ~6 s for the decoder against a 5 s first-token deadline: it would fall back and
+    open the prefill pool's breaker. The prompt runs whole on the idle prefill worker."""
+    p, d = worker("prefill-0"), worker("decode-0", queued=6000)
+    decider_ = AdaptiveDecider(0, EndpointLoad(LoadPriors()), max_decode_wait_s=5.0)
+    plan = decider_.plan(3000, 64, Candidates(prefillers=[p], decoders=[d], others=[p]))
+    assert (plan.path, plan.reason, plan.workers_label) == (Path.DIRECT, Reason.PREFILL_QUEUE_LONG, "prefill-0")
+
+
 @pytest.mark.parametrize("bad", [-1, 1.5, "512", None, True])
 def test_floor_is_validated(bad):
     with pytest.raises(ValueError):
