@@ -18,6 +18,8 @@ from aiohttp.test_utils import TestServer
 
 from dpd.config.model import RouterSpec
 from dpd.router.app import Router, RouterSettings, build_app
+from dpd.router.breaker import BreakerState
+from dpd.router.outcomes import OUTCOMES, HopOutcome, Verdict
 
 
 class WordTokenizer:
@@ -42,8 +44,10 @@ class ScriptedWorker:
         token_delay_s: float = 0.0,
         prefill_delay_s: float = 0.0,
         num_decode_failures: int = 0,
+        prefill_kv: bool = True,
     ):
         self.prefill_status = prefill_status
+        self.prefill_kv = prefill_kv
         self.prefill_delay_s = prefill_delay_s
         self.num_decode_failures = num_decode_failures
         self.first_token_delay_s = first_token_delay_s
@@ -69,6 +73,8 @@ class ScriptedWorker:
             await asyncio.sleep(self.prefill_delay_s)
             if self.prefill_status != 200:
                 return web.json_response({"error": {"message": "boom"}}, status=self.prefill_status)
+            if not self.prefill_kv:
+                return web.json_response({"choices": [{"text": "x"}]})
             return web.json_response(
                 {"choices": [{"text": "x"}], "kv_transfer_params": {"remote_request_id": "r", "do_remote_prefill": True}}
             )
@@ -308,3 +314,72 @@ async def test_admin_policy_switches_and_refuses_bad_values(make_router):
     assert metric(text, "dpd_routing_policy_adaptive") == 0
     assert metric(text, 'dpd_worker_queued_prefill_tokens{pool="prefill",worker="prefill-0"}') == 0
     assert "recommended_threshold_tokens" in (await client.get("/admin/threshold")).json()
+
+
+# One flow per row of outcomes.OUTCOMES: how each ending of a disaggregated attempt is produced
+# against scripted workers, and what the client, the metrics and the prefill pool's breaker see.
+OUTCOME_SETUPS = {
+    HopOutcome.OK: ({}, {}, {}),
+    HopOutcome.PREFILL_BREAKER_OPEN: ({}, {}, {}),  # the pool's breaker is forced open below
+    HopOutcome.PREFILL_UNAVAILABLE: ({}, {}, {}),  # the prefill worker is draining
+    HopOutcome.CANCELLED: ({"prefill_delay_s": 5.0}, {}, {}),  # the client leaves during the prefill
+    HopOutcome.PREFILL_ERROR: ({"prefill_status": 500}, {}, {}),
+    HopOutcome.PREFILL_TIMEOUT: ({"prefill_delay_s": 1.0}, {}, {"prefillTimeoutS": 0.2}),
+    HopOutcome.PREFILL_NO_KV: ({"prefill_kv": False}, {}, {}),
+    HopOutcome.DECODE_STALL: ({}, {"first_token_delay_s": 1.0}, {"decodeFirstTokenTimeoutS": 0.2}),
+    HopOutcome.DECODE_ERROR: ({}, {"num_decode_failures": 1}, {}),
+}
+
+
+def test_every_outcome_has_a_flow_test():
+    assert set(OUTCOME_SETUPS) == set(OUTCOMES)
+
+
+@pytest.mark.parametrize("outcome", list(OUTCOME_SETUPS), ids=lambda o: o.value)
+async def test_outcome_row_end_to_end_through_the_flow(make_router, outcome):
+    prefill_kw, decode_kw, spec = OUTCOME_SETUPS[outcome]
+    client = await make_router(ScriptedWorker(**prefill_kw), ScriptedWorker(**decode_kw), threshold=0, **spec)
+    router = client.router  # type: ignore[attr-defined]
+    pool_breaker = router.prefill.breaker
+    if outcome in (HopOutcome.PREFILL_BREAKER_OPEN, HopOutcome.PREFILL_UNAVAILABLE):
+        # Both arise when the state changes between the decision and the flow (the decider saw a
+        # usable prefill pool): the decision is made as before, then the pool goes away.
+        decided = router.routing.decide
+
+        def decide_then_lose_the_pool(*args, **kwargs):
+            decision = decided(*args, **kwargs)
+            if outcome is HopOutcome.PREFILL_BREAKER_OPEN:
+                for _ in range(pool_breaker.failure_threshold):
+                    pool_breaker.record_failure("scripted")
+            else:
+                router.prefill.workers[0].is_draining = True
+            return decision
+
+        router.routing.decide = decide_then_lose_the_pool
+    body = {**BODY, "stream": True}
+    if outcome is HopOutcome.CANCELLED:
+        task = asyncio.create_task(client.post("/v1/completions", json=body))
+        await asyncio.sleep(0.3)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        resp = None
+    else:
+        resp = await client.post("/v1/completions", json=body)
+        assert resp.status_code == 200 and resp.text.endswith("data: [DONE]\n\n")
+    rule = OUTCOMES[outcome]
+    text = (await client.get("/metrics")).text
+    num_fallbacks = metric(text, f'dpd_fallbacks_total{{reason="{outcome.value}"}}')
+    if rule.falls_back:
+        assert resp is not None
+        assert (resp.headers["x-dpd-path"], resp.headers["x-dpd-fallback"]) == ("fallback", outcome.value)
+        assert num_fallbacks == 1
+    else:
+        assert num_fallbacks == 0
+        assert resp is None or resp.headers["x-dpd-path"] == "disaggregated"
+    if rule.pool_breaker is Verdict.FAILURE:
+        assert pool_breaker.num_consecutive_failures == 1
+    elif rule.pool_breaker is Verdict.NONE:
+        assert pool_breaker.state is BreakerState.OPEN  # refused, not told: still open
+    else:
+        assert pool_breaker.num_consecutive_failures == 0 and pool_breaker.state is BreakerState.CLOSED
