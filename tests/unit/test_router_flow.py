@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from typing import Any
 
 import httpx
 import pytest
@@ -318,7 +319,7 @@ async def test_admin_policy_switches_and_refuses_bad_values(make_router):
 
 # One flow per row of outcomes.OUTCOMES: how each ending of a disaggregated attempt is produced
 # against scripted workers, and what the client, the metrics and the prefill pool's breaker see.
-OUTCOME_SETUPS = {
+OUTCOME_SETUPS: dict[HopOutcome, tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = {
     HopOutcome.OK: ({}, {}, {}),
     HopOutcome.PREFILL_BREAKER_OPEN: ({}, {}, {}),  # the pool's breaker is forced open below
     HopOutcome.PREFILL_UNAVAILABLE: ({}, {}, {}),  # the prefill worker is draining
