@@ -104,6 +104,16 @@ class RetrySpec(_Frozen):
     backoffMaxS: float = Field(default=1.0, ge=0, description="Cap of one backoff.")
 
 
+class MigrationSpec(_Frozen):
+    """A request whose worker fails mid-stream continues on another worker (``router/migrate.py``)."""
+
+    maxMigrations: int = Field(
+        default=2, ge=0, le=10, description="Times one request may move to another worker after its stream broke "
+        "(connection lost, worker exit, no chunk within streamIdleTimeoutS, an error event); 0 = never (the client "
+        "gets an error event, and workers are not asked for token ids)."
+    )
+
+
 class TenantSpec(_Frozen):
     """A tenant: its API keys (stored hashed), its rate limits and, optionally, workers of its own."""
 
@@ -179,6 +189,7 @@ class RouterSpec(_Frozen):
     admission: AdmissionSpec = Field(default_factory=AdmissionSpec)
     breaker: BreakerSpec = Field(default_factory=BreakerSpec)
     retry: RetrySpec = Field(default_factory=RetrySpec)
+    migration: MigrationSpec = Field(default_factory=MigrationSpec)
     adaptive: AdaptiveSpec = Field(default_factory=AdaptiveSpec)
     drainTimeoutS: float = Field(
         default=120.0, gt=0, description="Longest wait for a draining worker's in-flight requests to finish: the router's "

@@ -38,9 +38,10 @@ from dpd.router.admission import gate_from_spec
 from dpd.router.aggregate import StreamAggregator, is_usage_only
 from dpd.router.breaker import BreakerState, CircuitBreaker
 from dpd.router.errors import ApiError, bad_request, model_not_found, worker_failed
-from dpd.router.flow import WORKER_ERRORS, PdFlow, RequestContext, UpstreamStream
+from dpd.router.flow import PdFlow, RequestContext, UpstreamStream
 from dpd.router.load import SharedRates
 from dpd.router.metrics import RouterMetrics
+from dpd.router.migrate import ContinuedStream, StreamFailed
 from dpd.router.pick import make_picker
 from dpd.router.pools import HealthProber, Pool, Worker, make_pool
 from dpd.router.protocol import (
@@ -228,15 +229,18 @@ class Router:
             if stream.fallback_reason:
                 headers["x-dpd-fallback"] = stream.fallback_reason
             self.metrics.prompt_tokens.labels(path_label).observe(num_prompt_tokens)
+            continued = self._continued(ctx, stream, kind is ChatCompletionRequest)
             if parsed.stream:
                 want_usage = bool((parsed.stream_options or {}).get("include_usage"))
                 response = RelayResponse(
-                    self._relay(ctx, stream, want_usage), on_close=(stream.close, finish),
+                    self._relay(ctx, continued, want_usage), on_close=(continued.close, finish),
                     media_type="text/event-stream", headers=headers,
                 )
                 finish = noop  # the response ends the request (and frees its slot) however the stream ends
                 return response
-            result = await until_disconnect(request, self._aggregate(ctx, stream, kind is ChatCompletionRequest))
+            result = await until_disconnect(request, self._aggregate(ctx, continued, kind is ChatCompletionRequest))
+            if continued.migrations:
+                headers["x-dpd-migrated"] = ">".join([continued.migrations[0]["from"], *(m["to"] for m in continued.migrations)])
             return JSONResponse(result, headers=headers)
         except ApiError as error:
             outcome = str(error.status)
@@ -316,11 +320,25 @@ class Router:
                 code="context_length_exceeded",
             )
 
-    async def _relay(self, ctx: RequestContext, stream: UpstreamStream, want_usage: bool) -> AsyncIterator[bytes]:
+    def _continued(self, ctx: RequestContext, stream: UpstreamStream, is_chat: bool) -> ContinuedStream:
+        flow = self.flow
+        assert flow is not None
+
+        async def reopen(cctx: RequestContext, body: dict[str, Any], exclude: frozenset[str]) -> UpstreamStream:
+            return await flow.continue_on(cctx, body, exclude, stream.path_label)
+
+        spec = self.settings.spec
+        return ContinuedStream(
+            stream, ctx, reopen=reopen, max_migrations=spec.migration.maxMigrations, retry=spec.retry,
+            max_model_len=self.settings.max_model_len, metrics=self.metrics, is_chat=is_chat,
+        )
+
+    async def _relay(self, ctx: RequestContext, continued: ContinuedStream, want_usage: bool) -> AsyncIterator[bytes]:
+        stream = continued.stream
         timer = TokenTimer(self.metrics, stream.path_label, ctx.started_at)
         outcome = "ok"
         try:
-            async for raw, chunk in stream.events():
+            async for raw, chunk in continued.events():
                 timer.observe(chunk)
                 if "error" in chunk:
                     outcome = "worker_error"
@@ -328,10 +346,9 @@ class Router:
                     continue
                 yield raw + b"\n\n"
             yield b"data: [DONE]\n\n"
-        except (TimeoutError, *WORKER_ERRORS) as exc:
+        except StreamFailed as failed:  # its worker's breaker was told (outcomes.STREAM_BREAKS)
             outcome = "worker_error"
-            stream.worker.breaker.record_failure(f"stream broke: {exc.__class__.__name__}")
-            error = worker_failed(stream.worker.pool, stream.worker.name, f"stream broke: {exc.__class__.__name__}")
+            error = worker_failed(failed.stream.worker.pool, failed.stream.worker.name, f"stream broke: {failed.detail}")
             log.warning("request %s: %s", ctx.request_id, error.message)
             yield error.sse_event()
             yield b"data: [DONE]\n\n"
@@ -340,15 +357,16 @@ class Router:
             self.metrics.client_disconnects.labels(stream.path_label).inc()
             raise
         finally:
-            stream.close()
+            continued.close()
             timer.finish(outcome)
 
-    async def _aggregate(self, ctx: RequestContext, stream: UpstreamStream, is_chat: bool) -> dict[str, Any]:
-        timer = TokenTimer(self.metrics, stream.path_label, ctx.started_at)
+    async def _aggregate(self, ctx: RequestContext, continued: ContinuedStream, is_chat: bool) -> dict[str, Any]:
+        timer = TokenTimer(self.metrics, continued.stream.path_label, ctx.started_at)
         aggregator = StreamAggregator(is_chat)
         outcome = "worker_error"
         try:
-            async for _, chunk in stream.events():
+            async for _, chunk in continued.events():
+                stream = continued.stream
                 timer.observe(chunk)
                 if "error" in chunk:
                     err = chunk["error"]
@@ -357,14 +375,14 @@ class Router:
                 aggregator.add(chunk)
             outcome = "ok"
             return aggregator.result()
-        except (TimeoutError, *WORKER_ERRORS) as exc:
-            stream.worker.breaker.record_failure(f"stream broke: {exc.__class__.__name__}")
-            raise worker_failed(stream.worker.pool, stream.worker.name, f"stream broke: {exc.__class__.__name__}") from None
+        except StreamFailed as failed:  # its worker's breaker was told (outcomes.STREAM_BREAKS)
+            worker = failed.stream.worker
+            raise worker_failed(worker.pool, worker.name, f"stream broke: {failed.detail}") from None
         except asyncio.CancelledError:
             outcome = "client_gone"
             raise
         finally:
-            stream.close()
+            continued.close()
             # Failures and disconnects are counted once, by _serve.
             timer.finish(outcome, count_request=outcome == "ok")
 

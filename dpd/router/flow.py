@@ -13,7 +13,8 @@ Invariants:
     can still be served another way: a failed, slow or unreachable prefill worker, or a decode
     hop whose first token misses ``decodeFirstTokenTimeoutS`` (the NIXL stall), sends the
     request down the direct path (``fallback``); a failed decoder is retried on another
-    decoder. After the first byte nothing is retried.
+    decoder. After the first byte nothing is retried from the start: a stream that breaks
+    mid-answer continues on another worker from its token ids (``migrate.py``).
   * Retries are bounded (``router.retry.maxAttempts``) with exponential backoff and full
     jitter, on another worker when there is one; "no worker at all" is an immediate 503.
   * Every hop reports its outcome to the worker's circuit breaker, and every disaggregated
@@ -98,6 +99,7 @@ class UpstreamStream:
         self._ticket: StreamTicket | None = None  # set once the first event arrived: the worker decodes it
         self._num_events = 0
         self._num_completion_tokens: int | None = None  # from the usage chunk, when it came
+        self.saw_done = False  # the stream ended with [DONE] (not cut off)
         self.on_close: Callable[[], None] | None = None  # releases the decode admission slot
         worker.num_in_flight += 1
 
@@ -121,6 +123,7 @@ class UpstreamStream:
                 continue
             payload = line[5:].strip()
             if payload == b"[DONE]":
+                self.saw_done = True
                 return None
             try:
                 event = json.loads(payload)
@@ -175,11 +178,17 @@ def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def decode_body(body: dict[str, Any], kv_transfer_params: dict[str, Any] | None) -> dict[str, Any]:
+def decode_body(
+    body: dict[str, Any], kv_transfer_params: dict[str, Any] | None, *, with_token_ids: bool = False
+) -> dict[str, Any]:
+    """The streamed request a worker generates for; ``with_token_ids`` asks for the ids that let the
+    request continue elsewhere if the stream breaks (migrate.py strips them before the client)."""
     out = dict(body)
     options = dict(body.get("stream_options") or {})
     options["include_usage"] = True
     out.update(stream=True, stream_options=options)
+    if with_token_ids:
+        out["return_token_ids"] = True
     if kv_transfer_params is not None:
         out["kv_transfer_params"] = kv_transfer_params
     return out
@@ -220,6 +229,7 @@ class PdFlow:
         self._prefill_gate = prefill_gate
         self._decode_gate = decode_gate
         self._endpoint_load = endpoint_load
+        self._with_token_ids = spec.migration.maxMigrations > 0
 
     async def open(self, ctx: RequestContext) -> UpstreamStream:
         """Run the hops up to the decoder's first event; return the open stream."""
@@ -354,7 +364,8 @@ class PdFlow:
                 # The prefiller frees the blocks when its lease (kvLeaseDurationS) expires.
                 raise pool_unavailable("decode")
             stream = await self._open(
-                ctx, worker, decode_body(ctx.body, kv_params), self._spec.decodeFirstTokenTimeoutS, Path.DISAGGREGATED.value
+                ctx, worker, decode_body(ctx.body, kv_params, with_token_ids=self._with_token_ids),
+                self._spec.decodeFirstTokenTimeoutS, Path.DISAGGREGATED.value
             )
         except _Stall:
             release()
@@ -395,7 +406,8 @@ class PdFlow:
             tried.add(worker.name)
             try:
                 return await self._open(
-                    ctx, worker, decode_body(ctx.body, None), self._spec.directFirstTokenTimeoutS, path_label
+                    ctx, worker, decode_body(ctx.body, None, with_token_ids=self._with_token_ids),
+                    self._spec.directFirstTokenTimeoutS, path_label,
                 )
             except _Stall:
                 worker.breaker.record_failure("no first token before the direct-path deadline")
@@ -408,6 +420,33 @@ class PdFlow:
                 self._metrics.retries.labels("decode").inc()
                 log.warning("request %s: %s; retrying (attempt %d of %d)", ctx.request_id, error.message, attempt + 2, retry.maxAttempts)
         raise AssertionError("unreachable")
+
+    async def continue_on(
+        self, ctx: RequestContext, body: dict[str, Any], exclude: frozenset[str], path_label: str
+    ) -> UpstreamStream:
+        """Open a broken stream's continuation (``body``, built by migrate.py) on a worker not in
+        ``exclude``: a decoder, else — the endpoint's last resort — any worker of the prefill pool
+        (every worker can run a whole request). Tries each candidate once; the admission slot stays
+        the original stream's."""
+        tried = set(exclude)
+        while True:
+            worker: Worker | None = None
+            for pool in (self._decode, self._prefill):
+                worker = self._picker.pick([w for w in pool.available(ctx.tenant) if w.name not in tried])
+                if worker is not None:
+                    pool.claim(worker, with_pool_breaker=False)
+                    break
+            if worker is None:
+                raise pool_unavailable("decode")
+            tried.add(worker.name)
+            try:
+                return await self._open(ctx, worker, body, self._spec.directFirstTokenTimeoutS, path_label)
+            except _Stall:
+                worker.breaker.record_failure("no first token before the direct-path deadline")
+            except ApiError as error:
+                if error.status < 500:
+                    raise
+                log.warning("request %s: continuation on %s failed: %s", ctx.request_id, worker.name, error.message)
 
     async def _open(
         self, ctx: RequestContext, worker: Worker, body: dict[str, Any], first_token_timeout_s: float, path_label: str

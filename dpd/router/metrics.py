@@ -89,6 +89,10 @@ class RouterMetrics:
             "dpd_breaker_transitions", "Circuit breaker state changes, by the state entered.", ["pool", "worker", "state"], registry=r
         )
         self.retries = Counter("dpd_retries", "Requests retried on another worker before any byte was sent.", ["pool"], registry=r)
+        self.migrations = Counter(
+            "dpd_migrations", "Streams that broke after their first token, by how (outcomes.StreamBreak) and what followed: "
+            "migrated (continued on another worker) or not_migrated_<why>.", ["reason", "outcome"], registry=r,
+        )
         self.draining = Gauge("dpd_worker_draining", "1 while the worker is being drained.", ["pool", "worker"], registry=r)
         # Tenants.
         self.tenant_requests = Counter(

@@ -65,3 +65,36 @@ def tell_pool_breaker(breaker: CircuitBreaker | None, outcome: HopOutcome) -> No
         breaker.record_neutral()
     elif verdict is Verdict.FAILURE:
         breaker.record_failure(outcome.value)
+
+
+class StreamBreak(str, Enum):
+    """How a worker's stream failed after its first event reached the router (``migrate.py``)."""
+
+    BROKEN = "stream_broken"  # connection reset, worker exit, an unreadable chunk
+    TRUNCATED = "stream_truncated"  # the stream ended without a finish reason or [DONE]
+    IDLE = "stream_idle"  # no chunk within streamIdleTimeoutS (a frozen worker)
+    ERROR_EVENT = "worker_error_event"  # the worker sent an error event before the answer finished
+
+
+@dataclass(frozen=True)
+class BreakRule:
+    worker_breaker: Verdict  # what the failed worker's own breaker learns
+    migrates: bool  # the request continues on another worker (when it can: migrate.why_not_migratable)
+
+
+STREAM_BREAKS: dict[StreamBreak, BreakRule] = {
+    StreamBreak.BROKEN: BreakRule(Verdict.FAILURE, migrates=True),
+    StreamBreak.TRUNCATED: BreakRule(Verdict.FAILURE, migrates=True),
+    StreamBreak.IDLE: BreakRule(Verdict.FAILURE, migrates=True),
+    StreamBreak.ERROR_EVENT: BreakRule(Verdict.FAILURE, migrates=True),
+}
+
+
+def tell_worker_breaker(breaker: CircuitBreaker, what: StreamBreak, detail: str) -> None:
+    verdict = STREAM_BREAKS[what].worker_breaker
+    if verdict is Verdict.FAILURE:
+        breaker.record_failure(f"{what.value}: {detail}")
+    elif verdict is Verdict.NEUTRAL:
+        breaker.record_neutral()
+    elif verdict is Verdict.SUCCESS:
+        breaker.record_success()

@@ -6,9 +6,11 @@ there, so one endpoint start serves both; this file is not collected on its own)
   * 5x the measured capacity offered: 429s with Retry-After, admitted requests within the SLO,
     router memory bounded
   * a soak at ~70% of capacity (DPD_SOAK_S seconds, default 60): 0 errors, RSS growth < 10%
-  * kill -9 of the decoder mid-stream and during a long prompt's prefill: the stream ends with
-    an error event, the long request gets a clean 5xx, the prefiller's KV usage returns to its
-    baseline within the lease, and requests succeed once the decoder is back
+  * kill -9 of the decoder mid-stream and during a long prompt's prefill: the requests streaming
+    from it continue on the prefill worker (router/migrate.py) — complete, greedy text equal to an
+    uninterrupted run, one [DONE], no error event, usage right — the long request gets a clean 5xx,
+    the prefiller's KV usage returns to its baseline within the lease, and requests succeed once
+    the decoder is back
 """
 
 from __future__ import annotations
@@ -303,6 +305,37 @@ def _prefill_kv_usage() -> float:
     return scrape(PREFILL_URL, "vllm:kv_cache_usage_perc")
 
 
+def _answer(endpoint, route: str, body: dict, on_event=lambda: None) -> tuple[str, str | None, str | None]:
+    """(text, error or None, where it migrated or None); usage checked against the text's tokens."""
+    is_chat = route.endswith("chat/completions")
+    with requests.post(endpoint.url + route, json=body, stream=body.get("stream", False), timeout=300) as resp:
+        if resp.status_code != 200:
+            return "", f"HTTP {resp.status_code}: {resp.text[:200]}", None
+        if not body.get("stream"):
+            data = resp.json()
+            assert data["usage"]["completion_tokens"] == body["max_tokens"], data["usage"]
+            return data["choices"][0]["message"]["content"], None, resp.headers.get("x-dpd-migrated")
+        text, error, moved, num_done, usage = [], None, None, 0, None
+        for line in resp.iter_lines():
+            if not line.startswith(b"data: "):
+                continue
+            if line == b"data: [DONE]":
+                num_done += 1
+                continue
+            event = json.loads(line[6:])
+            on_event()
+            if "error" in event:
+                error = event["error"]["message"]
+            usage = event.get("usage") or usage
+            moved = event.get("dpd_migrations") or moved
+            for c in event.get("choices") or ():
+                text.append((c.get("delta") or {}).get("content") or "" if is_chat else c.get("text") or "")
+    assert num_done == 1
+    if usage is not None:
+        assert usage["completion_tokens"] == body["max_tokens"], usage
+    return "".join(text), error, moved and ">".join([moved[0]["from"], *(m["to"] for m in moved)])
+
+
 def test_kill_decoder_mid_stream_and_after_a_prefill(endpoint, make_prompt, capsys):
     lease_s = endpoint.config.spec.pdSpec.kvTransferSpec.kvLeaseDurationS
     wait_healthy(PREFILL_URL, timeout_s=400)  # a failed test before may have left it restarting
@@ -311,15 +344,26 @@ def test_kill_decoder_mid_stream_and_after_a_prefill(endpoint, make_prompt, caps
         assert time.monotonic() < deadline, _worker_state(endpoint, "prefill-0")
         requests.post(endpoint.url + "/v1/completions", json={**SHORT, "prompt": make_prompt(1500, seed=4240)}, timeout=120)
     baseline = max(_prefill_kv_usage(), _prefill_kv_usage())
-    stream_events: list[bytes] = []
-    long_result: dict = {}
+    # In flight on the decoder when it dies: two streaming completions, a streaming chat and a
+    # non-streaming chat, greedy; each answer is first recorded uninterrupted.
+    completion = {"model": MODEL, "prompt": "Count to one thousand:", "max_tokens": 48, "ignore_eos": True,
+                  "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "Name the planets of the solar system."}],
+            "max_tokens": 48, "ignore_eos": True, "temperature": 0}
+    bodies = {"stream-a": ("/v1/completions", completion), "stream-b": ("/v1/completions", completion),
+              "chat-stream": ("/v1/chat/completions", {**chat, "stream": True}),
+              "chat": ("/v1/chat/completions", chat)}
+    expected = {name: _answer(endpoint, route, body)[0] for name, (route, body) in bodies.items()}
+    results: dict[str, tuple] = {}
+    num_events: dict[str, int] = {}
 
-    def stream() -> None:
-        body = {"model": MODEL, "prompt": "Count to one thousand:", "max_tokens": 2000, "ignore_eos": True, "stream": True}
-        with requests.post(endpoint.url + "/v1/completions", json=body, stream=True, timeout=120) as resp:
-            for line in resp.iter_lines():
-                if line.startswith(b"data: "):
-                    stream_events.append(line)
+    def one(name: str) -> None:
+        results[name] = _answer(endpoint, *bodies[name], on_event=lambda: num_events.__setitem__(name, num_events.get(name, 0) + 1))
+
+    threads = [threading.Thread(target=one, args=(name,)) for name in bodies]
+    for t in threads:
+        t.start()
+    long_result: dict = {}
 
     def long_request() -> None:
         started = time.monotonic()
@@ -327,23 +371,26 @@ def test_kill_decoder_mid_stream_and_after_a_prefill(endpoint, make_prompt, caps
         resp = requests.post(endpoint.url + "/v1/completions", json=body, timeout=300)
         long_result.update(status=resp.status_code, body=resp.json(), seconds=time.monotonic() - started)
 
-    streamer = threading.Thread(target=stream)
-    streamer.start()
     deadline = time.monotonic() + 60
-    while len(stream_events) < 5:
-        assert time.monotonic() < deadline, "the stream never started"
+    while min(num_events.get(n, 0) for n in ("stream-a", "stream-b", "chat-stream")) < 5:
+        assert time.monotonic() < deadline, "the streams never started"
         time.sleep(0.05)
     longer = threading.Thread(target=long_request)
     longer.start()
     time.sleep(1.0)  # the long prompt is in its ~5 s prefill hop
     killed_at = time.monotonic()
     os.kill(endpoint.worker_pid("decode-0"), signal.SIGKILL)
-    streamer.join(timeout=60)
+    for t in threads:
+        t.join(timeout=300)
     longer.join(timeout=300)
-    assert not streamer.is_alive() and not longer.is_alive(), "a request hung after the decoder died"
-    # The stream ended with an error event, then [DONE].
-    assert stream_events[-1] == b"data: [DONE]"
-    assert b'"error"' in stream_events[-2] and b"decode pool worker decode-0" in stream_events[-2]
+    assert not any(t.is_alive() for t in threads) and not longer.is_alive(), "a request hung after the decoder died"
+    errors = {name: r for name, r in results.items() if r[0] != expected[name] or r[1] is not None}
+    migrated = {name: r[2] for name, r in results.items() if r[2]}
+    with capsys.disabled():
+        print(f"\n[kill -9 decoder] {len(results)} requests in flight on it: {len(errors)} client-visible errors or "
+              f"wrong answers, {len(migrated)} migrated ({migrated})")
+    assert not errors, errors
+    assert set(migrated) == set(bodies), migrated  # every one was mid-answer on the dead decoder
     # The long request: prefilled, then no decoder: a clean OpenAI-style 5xx, not a hang.
     assert long_result["status"] in (502, 503), long_result
     assert long_result["body"]["error"]["message"]
@@ -357,7 +404,7 @@ def test_kill_decoder_mid_stream_and_after_a_prefill(endpoint, make_prompt, caps
             break
         time.sleep(1)
     with capsys.disabled():
-        print(f"\n[kill -9 decoder] stream: {len(stream_events)} events, ended with an error event; long request: "
+        print(f"[kill -9 decoder] long request: "
               f"{long_result['status']} after {long_result['seconds']:.1f}s; prefiller KV usage baseline {baseline:.4f}, "
               f"peak {peak:.4f}, back to baseline {freed_after and round(freed_after, 1)}s after the kill (lease {lease_s}s)")
     assert freed_after is not None and freed_after <= lease_s + 30

@@ -10,7 +10,8 @@ The endpoint starts once for the module (~2.5 min on 2 cores). Steps, in file or
   7. kill -9 of the prefill worker under load: nothing fails, long prompts fall back, the
      breaker opens, the worker restarts, the breaker closes and it takes disaggregated traffic
   8. resilience (test_resilience.py, run here on this endpoint): a bad-input battery and a
-     fuzz run (no 5xx), 5x overload shed with 429s, a soak, kill -9 of the decoder mid-stream,
+     fuzz run (no 5xx), 5x overload shed with 429s, a soak, kill -9 of the decoder mid-stream (its requests
+     continue on the prefill worker),
      and the prefiller's KV returning to its baseline after a failed decode
   9. Ctrl-C leaves no process behind
 """
