@@ -186,6 +186,14 @@ class RouterSpec(_Frozen):
         default=300.0, gt=0, description="Longest silence between two chunks of a worker's stream before it is failed."
     )
     healthIntervalS: float = Field(default=2.0, gt=0, description="Active health probe period.")
+    bodyReadTimeoutS: float = Field(
+        default=30.0, gt=0, description="Longest a client may take to send a request body (408 past it): a slow client "
+        "cannot hold a connection open."
+    )
+    maxConnections: int = Field(
+        default=1024, ge=1, description="Concurrent connections and requests the router serves; past it new ones get "
+        "a 503 at once (bounds what slow or flooding clients can hold)."
+    )
     admission: AdmissionSpec = Field(default_factory=AdmissionSpec)
     breaker: BreakerSpec = Field(default_factory=BreakerSpec)
     retry: RetrySpec = Field(default_factory=RetrySpec)
@@ -199,7 +207,8 @@ class RouterSpec(_Frozen):
         default=None,
         pattern=SHA256_PATTERN,
         description="SHA-256 (hex) of the bearer key for /admin/*; `dpd keys hash` makes one. "
-        "Unset = the admin API is served to loopback clients only.",
+        "Unset = the admin API is served to loopback peers only, and only while the router listens on loopback "
+        "(bound to any other address it needs the key).",
     )
 
 

@@ -26,13 +26,16 @@ from starlette.routing import Route
 
 from dpd.router.errors import ApiError, bad_request
 from dpd.router.pools import Worker
+from dpd.router.streaming import read_body
 from dpd.router.tenants import bearer_key, hash_key
 
 if TYPE_CHECKING:
     from dpd.router.app import Router
 
 log = logging.getLogger(__name__)
-LOOPBACK = ("127.0.0.1", "::1", "localhost", "testclient")
+LOOPBACK_PEERS = ("127.0.0.1", "::1")  # peer addresses only: no names, no forwarded headers (server.py)
+LOOPBACK_BINDS = ("127.0.0.1", "::1", "localhost")
+MAX_ADMIN_BODY_BYTES = 64 * 1024
 THEN_ACTIONS = ("none", "stop", "restart")
 
 
@@ -44,8 +47,8 @@ class WorkerControl(Protocol):
     async def start_worker(self, name: str) -> None: ...
 
 
-async def _json_body(request: Request) -> dict[str, Any]:
-    raw = await request.body()
+async def _json_body(request: Request, timeout_s: float) -> dict[str, Any]:
+    raw = await read_body(request, MAX_ADMIN_BODY_BYTES, timeout_s)
     if not raw.strip():
         return {}
     try:
@@ -71,10 +74,16 @@ class AdminApi:
         ]
 
     def authorize(self, request: Request) -> None:
-        digest = self.router.settings.spec.adminKeySha256
+        spec = self.router.settings.spec
+        digest = spec.adminKeySha256
         if digest is None:
+            if spec.host not in LOOPBACK_BINDS:
+                # Bound beyond loopback (a cluster, a proxy in front): any peer may be a proxy's
+                # loopback, so without a key the admin API is off.
+                raise ApiError(403, f"The router listens on {spec.host}: the admin API needs router.adminKeySha256 "
+                               "(`dpd keys new`).", type="permission_error")
             client = request.client.host if request.client else ""
-            if client not in LOOPBACK:
+            if client not in LOOPBACK_PEERS:
                 raise ApiError(403, "The admin API is only served to loopback clients when no admin key is set.", type="permission_error")
             return
         try:
@@ -88,7 +97,7 @@ class AdminApi:
         self.authorize(request)
         router = self.router
         if request.method == "PUT":
-            body = await _json_body(request)
+            body = await _json_body(request, self.router.settings.spec.bodyReadTimeoutS)
             value: Any = body.get("threshold_tokens")  # unchecked JSON: set_threshold validates it
             try:
                 router.routing.set_threshold(value)
@@ -105,7 +114,7 @@ class AdminApi:
         self.authorize(request)
         routing = self.router.routing
         if request.method == "PUT":
-            body = await _json_body(request)
+            body = await _json_body(request, self.router.settings.spec.bodyReadTimeoutS)
             try:
                 routing.set_policy(body.get("policy"))  # type: ignore[arg-type]
             except ValueError as exc:
@@ -134,7 +143,7 @@ class AdminApi:
     async def drain(self, request: Request) -> Response:
         self.authorize(request)
         worker = self._worker(request)
-        body = await _json_body(request)
+        body = await _json_body(request, self.router.settings.spec.bodyReadTimeoutS)
         timeout_s = body.get("timeout_s", self.router.settings.spec.drainTimeoutS)
         then = body.get("then", "none")
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 <= timeout_s <= 3600:

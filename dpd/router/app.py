@@ -45,6 +45,7 @@ from dpd.router.migrate import ContinuedStream, StreamFailed
 from dpd.router.pick import make_picker
 from dpd.router.pools import HealthProber, Pool, Worker, make_pool
 from dpd.router.protocol import (
+    MAX_BODY_BYTES,
     ChatCompletionRequest,
     CompletionRequest,
     TokenizeChatRequest,
@@ -54,7 +55,7 @@ from dpd.router.protocol import (
     requested_max_tokens,
 )
 from dpd.router.routing import RoutingPolicy, priors_from
-from dpd.router.streaming import ClientGone, RelayResponse, TokenTimer, noop, until_disconnect
+from dpd.router.streaming import ClientGone, RelayResponse, TokenTimer, noop, read_body, until_disconnect
 from dpd.router.tenants import Tenant, TenantRegistry
 from dpd.router.tokens import TokenCounter, Tokenizer, load_tokenizer
 
@@ -202,8 +203,10 @@ class Router:
                 raise ApiError(503, "The endpoint is shutting down; retry on another replica or shortly.",
                                type="service_unavailable_error", code="shutting_down", retry_after_s=5)
             tenant = self._authenticate(request)
+            if tenant is not None:
+                self._check_tenant_limits(tenant, None)  # before the body is read and tokenized
             try:
-                raw = await request.body()
+                raw = await self._read_body(request)
             except ClientDisconnect:
                 raise ClientGone() from None
             body, parsed = parse_body(raw, kind)
@@ -295,13 +298,18 @@ class Router:
             self.metrics.auth_failures.labels(error.metric_label or "invalid").inc()
             raise
 
-    def _check_tenant_limits(self, tenant: Tenant, num_prompt_tokens: int) -> None:
+    def _check_tenant_limits(self, tenant: Tenant, num_prompt_tokens: int | None) -> None:
+        """``None``: the check before any work (refuses, takes nothing); else take the cost."""
         try:
-            tenant.check_limits(num_prompt_tokens)
+            if num_prompt_tokens is None:
+                tenant.check_before_work()
+            else:
+                tenant.check_limits(num_prompt_tokens)
         except ApiError as error:
             self.metrics.tenant_rate_limited.labels(tenant.name, error.param or "").inc()
             raise
-        self.metrics.tenant_prompt_tokens.labels(tenant.name).inc(num_prompt_tokens)
+        if num_prompt_tokens is not None:
+            self.metrics.tenant_prompt_tokens.labels(tenant.name).inc(num_prompt_tokens)
 
     def _check_length(self, num_prompt_tokens: int, max_tokens: int | None) -> None:
         limit = self.settings.max_model_len
@@ -416,12 +424,15 @@ class Router:
         try:
             self._authenticate(request)
             try:
-                raw = await request.body()
+                raw = await self._read_body(request)
             except ClientDisconnect:
                 return Response(status_code=499)
             return JSONResponse(await answer(raw))
         except ApiError as error:
             return error.response()
+
+    async def _read_body(self, request: Request) -> bytes:
+        return await read_body(request, MAX_BODY_BYTES, self.settings.spec.bodyReadTimeoutS)
 
     def _check_model(self, model: str) -> None:
         if model != self.settings.model_name:

@@ -130,6 +130,8 @@ class UpstreamStream:
             except json.JSONDecodeError:
                 log.warning("unparseable event from %s: %r", self.worker.name, payload[:200])
                 continue
+            if not isinstance(event, dict):  # JSON, but no event: a broken worker (the stream fails)
+                raise ValueError(f"event from {self.worker.name} is not a JSON object: {payload[:200]!r}")
             self._num_events += 1
             usage = event.get("usage") if isinstance(event, dict) else None
             if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):

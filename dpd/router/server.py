@@ -27,5 +27,9 @@ def make_server(router: Router, host: str, port: int, *, is_embedded: bool) -> u
         access_log=False,
         lifespan="on",
         timeout_graceful_shutdown=5,
+        # The client address is the peer's own: X-Forwarded-For is never trusted (the admin API's
+        # loopback check reads it).
+        proxy_headers=False,
+        limit_concurrency=router.settings.spec.maxConnections,
     )
     return _EmbeddedServer(config) if is_embedded else uvicorn.Server(config)

@@ -13,7 +13,36 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
 from dpd.router.aggregate import has_finish, num_content_tokens
+from dpd.router.errors import ApiError
 from dpd.router.metrics import RouterMetrics
+
+
+async def read_body(request: Request, max_bytes: int, timeout_s: float) -> bytes:
+    """The request's body, bounded while it is read: a declared ``Content-Length`` over
+    ``max_bytes`` is refused before reading (413), a body that grows past it is cut off at the
+    limit (413, never buffered whole), and one that does not arrive within ``timeout_s`` is a 408
+    (a slow client cannot hold a connection and its memory open). Raises ``ClientDisconnect``
+    if the client leaves."""
+    too_large = ApiError(413, f"Request body is larger than {max_bytes} bytes.", code="body_too_large")
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise ApiError(400, "Content-Length must be a non-negative integer.", code="invalid_content_length")
+        if int(declared) > max_bytes:
+            raise too_large
+    parts: list[bytes] = []
+    size = 0
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for part in request.stream():
+                size += len(part)
+                if size > max_bytes:
+                    raise too_large
+                parts.append(part)
+    except TimeoutError:
+        raise ApiError(408, f"The request body did not arrive within {timeout_s:g}s.", type="invalid_request_error",
+                       code="body_timeout") from None
+    return b"".join(parts)
 
 
 class ClientGone(Exception):

@@ -93,9 +93,21 @@ class Tenant:
             prompt_tokens = TokenBucket(spec.promptTokensPerSecond, burst, clock)
         return cls(spec.name, requests, prompt_tokens, spec.dedicatedWorkers)
 
+    def check_before_work(self) -> None:
+        """Refuse (429) before the router reads and tokenizes the prompt when a bucket could not
+        take even the smallest request now; takes nothing (``check_limits`` takes the cost)."""
+        self._refuse_if_waiting(num_prompt_tokens=1)
+
     def check_limits(self, num_prompt_tokens: int) -> None:
         """Take this request's cost from the buckets, or leave them untouched and raise a 429
         (``ApiError`` naming the limit that refused it)."""
+        self._refuse_if_waiting(num_prompt_tokens)
+        if self.requests is not None:
+            self.requests.take(1)
+        if self.prompt_tokens is not None:
+            self.prompt_tokens.take(num_prompt_tokens)
+
+    def _refuse_if_waiting(self, num_prompt_tokens: int) -> None:
         waits = {}
         if self.requests is not None:
             waits["requests_per_second"] = self.requests.wait_s(1)
@@ -112,11 +124,6 @@ class Tenant:
                 param=limit,
                 retry_after_s=max(1.0, math.ceil(refused[limit])),
             )
-        if self.requests is not None:
-            self.requests.take(1)
-        if self.prompt_tokens is not None:
-            self.prompt_tokens.take(num_prompt_tokens)
-        return None
 
 
 class TenantRegistry:

@@ -46,7 +46,9 @@ class ScriptedWorker:
         prefill_delay_s: float = 0.0,
         num_decode_failures: int = 0,
         prefill_kv: bool = True,
+        bad_event: bytes | None = None,
     ):
+        self.bad_event = bad_event  # sent after the first token, as if it were an event
         self.prefill_status = prefill_status
         self.prefill_kv = prefill_kv
         self.prefill_delay_s = prefill_delay_s
@@ -94,6 +96,8 @@ class ScriptedWorker:
                 "choices": [{"index": 0, "text": text, "finish_reason": "length" if i == 2 else None}],
             }
             await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            if self.bad_event is not None:
+                await resp.write(b"data: " + self.bad_event + b"\n\n")
         usage = {"id": "c", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}}
         await resp.write(b"data: " + json.dumps(usage).encode() + b"\n\ndata: [DONE]\n\n")
         return resp

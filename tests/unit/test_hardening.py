@@ -1,0 +1,229 @@
+"""Limits applied before the work they guard, and an admin API no proxy header can open.
+
+Against the real router under uvicorn (in this process, on a loopback port, with scripted
+workers): a 64 MiB body, slow clients, a spoofed X-Forwarded-For. And the helpers on their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+
+import httpx
+import psutil
+import pytest
+from starlette.requests import Request
+
+from dpd.config.model import RouterSpec, TenantSpec
+from dpd.router.app import Router, RouterSettings
+from dpd.router.errors import ApiError
+from dpd.router.server import make_server
+from dpd.router.streaming import read_body
+from dpd.router.tenants import hash_key
+from tests.unit.test_router_flow import BODY, ScriptedWorker, WordTokenizer
+
+MiB = 1024 * 1024
+
+
+# -- the body, bounded while it is read ------------------------------------------------------------
+def _request(parts: list[bytes], headers: dict[str, str], delay_s: float = 0.0) -> tuple[Request, list[int]]:
+    sent: list[int] = []  # how many parts the router pulled
+
+    async def receive():
+        if delay_s:
+            await asyncio.sleep(delay_s)
+        i = len(sent)
+        sent.append(i)
+        if i < len(parts):
+            return {"type": "http.request", "body": parts[i], "more_body": i < len(parts) - 1}
+        return {"type": "http.disconnect"}
+
+    scope = {"type": "http", "method": "POST", "path": "/", "headers": [(k.encode(), v.encode()) for k, v in headers.items()]}
+    return Request(scope, receive), sent
+
+
+async def test_a_declared_length_over_the_limit_is_refused_before_reading():
+    request, pulled = _request([b"x" * 100], {"content-length": str(64 * MiB)})
+    with pytest.raises(ApiError) as info:
+        await read_body(request, 4 * MiB, timeout_s=5)
+    assert info.value.status == 413 and pulled == []
+
+
+async def test_a_body_growing_past_the_limit_is_cut_off_at_it():
+    request, pulled = _request([b"x" * MiB] * 64, {})  # chunked: no Content-Length
+    with pytest.raises(ApiError) as info:
+        await read_body(request, 4 * MiB, timeout_s=5)
+    assert info.value.status == 413 and len(pulled) == 5  # 4 MiB kept, the fifth part refused, the rest unread
+
+
+async def test_a_slow_body_is_a_408():
+    request, _ = _request([b"{}"] * 10, {}, delay_s=0.2)
+    with pytest.raises(ApiError) as info:
+        await read_body(request, 4 * MiB, timeout_s=0.5)
+    assert info.value.status == 408 and info.value.code == "body_timeout"
+
+
+async def test_a_bad_content_length_is_a_400():
+    request, _ = _request([b"{}"], {"content-length": "-3"})
+    with pytest.raises(ApiError) as info:
+        await read_body(request, 4 * MiB, timeout_s=5)
+    assert info.value.status == 400
+
+
+# -- the real router under uvicorn -----------------------------------------------------------------
+@pytest.fixture
+async def served(unused_tcp_port):
+    started: list = []
+
+    async def serve(**spec) -> tuple[str, Router]:
+        worker = ScriptedWorker()
+        await worker.server.start_server()
+        settings = RouterSettings(
+            spec=RouterSpec(healthIntervalS=0.2, host="127.0.0.1", port=unused_tcp_port, **spec), model_name="m",
+            max_model_len=1000, tokenizer_path="", threshold_tokens=0, prefill_urls=(), decode_urls=(worker.url,),
+            is_colocated=True, routing_policy="threshold",
+        )
+        router = Router(settings, tokenizer=WordTokenizer())
+        await router.start()
+        server = make_server(router, "127.0.0.1", unused_tcp_port, is_embedded=True)
+        task = asyncio.create_task(server.serve())
+        while not server.started:
+            await asyncio.sleep(0.02)
+        started.append((server, task, router, worker))
+        return f"http://127.0.0.1:{unused_tcp_port}", router
+
+    yield serve
+    for server, task, router, worker in started:
+        server.should_exit = True
+        await task
+        await router.stop()
+        await worker.server.close()
+
+
+async def _raw(port: int, data: bytes, source: str = "127.0.0.1") -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0))
+    writer.write(data)
+    await writer.drain()
+    return reader, writer
+
+
+async def test_a_64_mib_body_is_refused_with_memory_bounded_and_others_served(served, unused_tcp_port):
+    url, _ = await served()
+    process = psutil.Process(os.getpid())
+    before = process.memory_info().rss
+    head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n")
+    reader, writer = await _raw(unused_tcp_port, head)
+    chunk = b"x" * MiB
+    status = b""
+    try:
+        for _ in range(64):
+            writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            await writer.drain()
+            if reader.at_eof() or len(reader._buffer):  # type: ignore[attr-defined]  # the answer came early
+                break
+    except ConnectionError:
+        pass  # the router answered and closed while we were still sending
+    status = (await asyncio.wait_for(reader.readline(), 10))
+    writer.close()
+    grown_mib = (process.memory_info().rss - before) / MiB
+    assert b"413" in status
+    assert grown_mib < 32, f"RSS grew {grown_mib:.0f} MiB for a 64 MiB body"
+    async with httpx.AsyncClient() as client:
+        resp = await client.post(url + "/v1/completions", json=BODY)
+    assert resp.status_code == 200
+
+
+async def test_slow_clients_get_a_408_and_do_not_block_others(served, unused_tcp_port):
+    url, _ = await served(bodyReadTimeoutS=1.0)
+    head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 1000\r\n\r\n{\"model\"")
+    slow = [await _raw(unused_tcp_port, head) for _ in range(20)]  # send part of a body, then nothing
+    async with httpx.AsyncClient() as client:
+        started = time.monotonic()
+        resp = await client.post(url + "/v1/completions", json=BODY)
+    assert resp.status_code == 200 and time.monotonic() - started < 1.0
+    statuses = [await asyncio.wait_for(reader.readline(), 5) for reader, _ in slow]
+    for _, writer in slow:
+        writer.close()
+    assert all(b"408" in s for s in statuses), statuses
+
+
+async def test_connections_past_the_limit_get_a_503(served, unused_tcp_port):
+    url, _ = await served(maxConnections=2, bodyReadTimeoutS=2.0)
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"
+    holders = [await _raw(unused_tcp_port, head) for _ in range(2)]
+    await asyncio.sleep(0.1)
+    async with httpx.AsyncClient() as client:
+        resp = await client.get(url + "/v1/models")
+    for _, writer in holders:
+        writer.close()
+    assert resp.status_code == 503
+
+
+def _loopback_alias_available() -> bool:
+    try:
+        with socket.socket() as s:
+            s.bind(("127.0.0.2", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _loopback_alias_available(), reason="no 127.0.0.2 to connect from")
+async def test_a_forwarded_header_never_opens_the_admin_api(served, unused_tcp_port, monkeypatch):
+    monkeypatch.setenv("FORWARDED_ALLOW_IPS", "*")  # even when uvicorn is told to trust every proxy
+    await served()
+    request = b"GET /admin/workers HTTP/1.1\r\nHost: x\r\nX-Forwarded-For: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    reader, writer = await _raw(unused_tcp_port, request, source="127.0.0.2")
+    status = await asyncio.wait_for(reader.readline(), 5)
+    writer.close()
+    assert b"403" in status
+    # From the loopback peer itself the admin API answers (no key configured).
+    reader, writer = await _raw(unused_tcp_port, request.replace(b"X-Forwarded-For: 127.0.0.1\r\n", b""))
+    assert b"200" in await asyncio.wait_for(reader.readline(), 5)
+    writer.close()
+
+
+# -- the admin API's other doors -----------------------------------------------------------------
+@pytest.mark.parametrize("peer", ["testclient", "localhost", "10.0.0.7"])
+async def test_only_loopback_addresses_count_as_loopback(make_router, peer):
+    client = await make_router(None, ScriptedWorker())
+    transport = httpx.ASGITransport(app=client._transport.app, client=(peer, 5000))  # type: ignore[attr-defined]
+    async with httpx.AsyncClient(transport=transport, base_url="http://router") as other:
+        assert (await other.get("/admin/workers")).status_code == 403
+
+
+async def test_a_router_bound_beyond_loopback_needs_the_admin_key(make_router):
+    client = await make_router(None, ScriptedWorker(), host="0.0.0.0")
+    resp = await client.get("/admin/workers")  # from 127.0.0.1
+    assert resp.status_code == 403 and "adminKeySha256" in resp.json()["error"]["message"]
+
+
+# -- tenants: the buckets before the tokenizer -----------------------------------------------------
+async def test_a_tenant_over_its_rate_is_refused_before_its_prompt_is_tokenized(make_router):
+    tenant = TenantSpec(name="t", apiKeySha256=(hash_key("key-t"),), requestsPerSecond=0.01, burstRequests=1)
+    client = await make_router(None, ScriptedWorker(), tenants=(tenant,))
+    counted: list[str] = []
+    encode = client.router.counter._tokenizer.encode  # type: ignore[attr-defined]
+    client.router.counter._tokenizer.encode = lambda text, **kw: counted.append(text) or encode(text, **kw)  # type: ignore[attr-defined]
+    auth = {"Authorization": "Bearer key-t"}
+    assert (await client.post("/v1/completions", json=BODY, headers=auth)).status_code == 200
+    num_tokenized = len(counted)
+    resp = await client.post("/v1/completions", json=BODY, headers=auth)
+    assert resp.status_code == 429 and resp.json()["error"]["param"] == "requests_per_second"
+    assert len(counted) == num_tokenized  # refused without tokenizing
+
+
+# -- a worker's stream: JSON that is not an event ------------------------------------------------
+async def test_a_non_object_event_fails_the_stream_with_an_error_event(make_router):
+    from dpd.config.model import MigrationSpec
+
+    worker = ScriptedWorker(bad_event=b"[1, 2]")
+    client = await make_router(None, worker, migration=MigrationSpec(maxMigrations=0))
+    resp = await client.post("/v1/completions", json={**BODY, "stream": True})
+    assert resp.status_code == 200 and resp.text.endswith("data: [DONE]\n\n")
+    assert '"error"' in resp.text and "stream broke" in resp.text
+    assert client.router.decode.workers[0].breaker.num_consecutive_failures == 1
