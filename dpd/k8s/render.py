@@ -26,10 +26,18 @@ import yaml
 from dpd.config.load import parse_config
 from dpd.config.model import InferenceEndpointConfig
 from dpd.k8s.autoscaling import POOL_KEYS, PoolAutoscaling, RenderError, hpa, parse_autoscaling
-from dpd.k8s.workers import SIDE_CHANNEL_PORT, WORKER_HTTP_PORT, model_volume, pod_template
+from dpd.k8s.workers import (
+    DRAIN_NOTICE_S,
+    SIDE_CHANNEL_PORT,
+    WORKER_HTTP_PORT,
+    drain_seconds,
+    model_volume,
+    pod_template,
+)
 
 DPD_IMAGE = "dpd:0.1.0"
 VLLM_GPU_IMAGE = "vllm/vllm-openai:v0.32.0"
+ROUTER_TEARDOWN_S = 5  # after the drain, for the process to exit before the kubelet's SIGKILL
 CONFIG_PATH = "/etc/dpd/config/config.yaml"
 SECRETS_PATH = "/etc/dpd/secrets/secrets.yaml"
 METRICS_LABEL = "dpd.dev/metrics"
@@ -232,8 +240,14 @@ def _router_template(config: InferenceEndpointConfig, n: dict[str, str], images:
         "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5, "failureThreshold": 2},
         "livenessProbe": {"tcpSocket": {"port": "http"}, "periodSeconds": 10, "failureThreshold": 3},
         "volumeMounts": mounts,
+        # SIGTERM comes after the pause, once the Service has stopped sending new requests here;
+        # then the router drains (finishes its streams) for up to drainTimeoutS.
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(DRAIN_NOTICE_S)]}}},
     }
-    pod: dict[str, Any] = {"serviceAccountName": n["router"], "containers": [container], "volumes": volumes}
+    pod: dict[str, Any] = {
+        "serviceAccountName": n["router"], "containers": [container], "volumes": volumes,
+        "terminationGracePeriodSeconds": DRAIN_NOTICE_S + drain_seconds(config) + ROUTER_TEARDOWN_S,
+    }
     if init:
         pod["initContainers"] = init
     annotations = {"dpd.dev/config-hash": config_hash(public, secrets)}

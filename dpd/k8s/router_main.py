@@ -104,7 +104,9 @@ class ThresholdReloader:
 
 async def _serve(config: InferenceEndpointConfig, config_path: str, secrets_path: str | None, namespace: str) -> None:
     router = Router(cluster_settings(config))
-    server = make_server(router, "0.0.0.0", config.spec.pdSpec.router.port, is_embedded=False)
+    router_spec = config.spec.pdSpec.router
+    # SIGTERM (after the pod's preStop pause): stop accepting, let streams finish for drainTimeoutS.
+    server = make_server(router, "0.0.0.0", router_spec.port, is_embedded=False, graceful_s=router_spec.drainTimeoutS)
     pools = {"prefill": router.prefill, "decode": router.decode}
     groups = worker_groups(config)
     for group in groups:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 
 import uvicorn
@@ -18,7 +19,9 @@ class _EmbeddedServer(uvicorn.Server):
         yield
 
 
-def make_server(router: Router, host: str, port: int, *, is_embedded: bool) -> uvicorn.Server:
+def make_server(router: Router, host: str, port: int, *, is_embedded: bool, graceful_s: float = 5.0) -> uvicorn.Server:
+    """``graceful_s``: on shutdown, how long open requests (streams) may finish before they are
+    cancelled (the Kubernetes router drains for ``drainTimeoutS``)."""
     config = uvicorn.Config(
         build_app(router),
         host=host,
@@ -26,7 +29,7 @@ def make_server(router: Router, host: str, port: int, *, is_embedded: bool) -> u
         log_level="warning",
         access_log=False,
         lifespan="on",
-        timeout_graceful_shutdown=5,
+        timeout_graceful_shutdown=math.ceil(graceful_s),
         # The client address is the peer's own: X-Forwarded-For is never trusted (the admin API's
         # loopback check reads it).
         proxy_headers=False,

@@ -77,8 +77,8 @@ async def test_a_bad_content_length_is_a_400():
 async def served(unused_tcp_port):
     started: list = []
 
-    async def serve(**spec) -> tuple[str, Router]:
-        worker = ScriptedWorker()
+    async def serve(worker: ScriptedWorker | None = None, **spec) -> tuple[str, Router]:
+        worker = worker or ScriptedWorker()
         await worker.server.start_server()
         settings = RouterSettings(
             spec=RouterSpec(healthIntervalS=0.2, host="127.0.0.1", port=unused_tcp_port, **spec), model_name="m",
@@ -92,12 +92,14 @@ async def served(unused_tcp_port):
         while not server.started:
             await asyncio.sleep(0.02)
         started.append((server, task, router, worker))
+        router.server = server  # type: ignore[attr-defined]  # for the shutdown test
         return f"http://127.0.0.1:{unused_tcp_port}", router
 
     yield serve
     for server, task, router, worker in started:
         server.should_exit = True
-        await task
+        if not task.done():
+            await task
         await router.stop()
         await worker.server.close()
 
@@ -227,3 +229,15 @@ async def test_a_non_object_event_fails_the_stream_with_an_error_event(make_rout
     assert resp.status_code == 200 and resp.text.endswith("data: [DONE]\n\n")
     assert '"error"' in resp.text and "stream broke" in resp.text
     assert client.router.decode.workers[0].breaker.num_consecutive_failures == 1
+
+
+# -- shutdown: streams finish --------------------------------------------------------------------
+async def test_a_stopping_router_lets_open_streams_finish(served):
+    url, router = await served(ScriptedWorker(token_delay_s=0.4))
+    async with httpx.AsyncClient() as client:
+        async with client.stream("POST", url + "/v1/completions", json={**BODY, "stream": True}) as resp:
+            lines = resp.aiter_lines()
+            first = await anext(lines)
+            router.server.should_exit = True  # type: ignore[attr-defined]  # what SIGTERM does
+            rest = [line async for line in lines]
+    assert first.startswith("data: ") and "data: [DONE]" in rest

@@ -369,3 +369,16 @@ def test_a_dedicated_pool_whose_service_name_is_too_long_is_refused_by_name():
         render(document)
     assert problem in raised.value.problems
     assert problem in admission_problems(document)
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_router_rollouts_drain_streams(example):
+    """The router pod pauses before SIGTERM (the Service stops sending first), then has the
+    drain time plus a margin before the kubelet's SIGKILL (k8s/router_main drains for drainTimeoutS)."""
+    objects = rendered(example)
+    router = next(o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-router"))
+    pod = router["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["lifecycle"]["preStop"]["exec"]["command"][0] == "sleep"
+    drain_s = load_config(example).spec.pdSpec.router.drainTimeoutS
+    assert pod["terminationGracePeriodSeconds"] > int(container["lifecycle"]["preStop"]["exec"]["command"][1]) + drain_s
