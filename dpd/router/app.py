@@ -234,7 +234,7 @@ class Router:
             self.metrics.prompt_tokens.labels(path_label).observe(num_prompt_tokens)
             continued = self._continued(ctx, stream, kind is ChatCompletionRequest)
             if parsed.stream:
-                want_usage = bool((parsed.stream_options or {}).get("include_usage"))
+                want_usage = bool(parsed.stream_options and parsed.stream_options.include_usage)
                 response = RelayResponse(
                     self._relay(ctx, continued, want_usage), on_close=(continued.close, finish),
                     media_type="text/event-stream", headers=headers,

@@ -25,12 +25,23 @@ Number = Annotated[StrictInt | float, Field(allow_inf_nan=False)]
 Stop = StrictStr | Annotated[list[StrictStr], Field(max_length=16)] | None
 
 
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    include_usage: StrictBool | None = None
+    continuous_usage_stats: StrictBool | None = None
+
+
+# Bounds on lists and maps a client sends through to the engine (the body cap bounds the rest).
+MAX_STOP_TOKEN_IDS = 64
+MAX_LOGIT_BIAS = 300  # OpenAI's own limit
+
+
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     model: StrictStr
     stream: StrictBool | None = False
-    stream_options: dict[str, StrictBool] | None = None
+    stream_options: StreamOptions | None = None
     max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
     temperature: Annotated[Number, Field(ge=0, le=2)] | None = None
     top_p: Annotated[Number, Field(gt=0, le=1)] | None = None
@@ -38,11 +49,14 @@ class _Request(BaseModel):
     min_p: Annotated[Number, Field(ge=0, le=1)] | None = None
     n: Annotated[StrictInt, Field(ge=1, le=1)] | None = None
     stop: Stop = None
-    stop_token_ids: list[StrictInt] | None = None
+    stop_token_ids: Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     presence_penalty: Annotated[Number, Field(ge=-2, le=2)] | None = None
     frequency_penalty: Annotated[Number, Field(ge=-2, le=2)] | None = None
     repetition_penalty: Annotated[Number, Field(gt=0, le=2)] | None = None
-    logit_bias: dict[str, Annotated[Number, Field(ge=-100, le=100)]] | None = None
+    logit_bias: Annotated[
+        dict[Annotated[str, Field(pattern=r"^[0-9]{1,9}$")], Annotated[Number, Field(ge=-100, le=100)]],
+        Field(max_length=MAX_LOGIT_BIAS),
+    ] | None = None
     seed: StrictInt | None = None
     user: StrictStr | None = None
     min_tokens: Annotated[StrictInt, Field(ge=0)] | None = None
@@ -107,6 +121,10 @@ class DetokenizeRequest(BaseModel):
 def _param_of(loc: tuple[Any, ...]) -> str:
     out = ""
     for part in loc:
+        if part == "[key]":  # pydantic's marker of a bad mapping key: the key itself names it
+            continue
+        if isinstance(part, str) and len(part) > 64:  # a client's own key, echoed: bounded
+            part = part[:64] + "…"
         if isinstance(part, int):
             out += f"[{part}]"
         elif (

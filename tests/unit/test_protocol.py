@@ -48,6 +48,13 @@ BAD_COMPLETIONS = [
     (b"\xff\xfe\xfd", None),
     (b'{"model": "m", "prompt": "caf\xe9"}', None),  # latin-1, not UTF-8
     ({"prompt": "x"}, "model"),
+    # Bounded before anything is forwarded (issue 16, finding 9).
+    ({**CMPL, "stream": True, "stream_options": {"include_usage": True, "bogus": True}}, "stream_options.bogus"),
+    ({**CMPL, "stream": True, "stream_options": {"x" * 5000: True}}, "stream_options." + "x" * 64 + "…"),
+    ({**CMPL, "stop_token_ids": list(range(65))}, "stop_token_ids"),
+    ({**CMPL, "stop_token_ids": [-1]}, "stop_token_ids[0]"),
+    ({**CMPL, "logit_bias": {str(i): 1 for i in range(301)}}, "logit_bias"),
+    ({**CMPL, "logit_bias": {"not-an-id": 1}}, "logit_bias.not-an-id"),
     ({"model": "m"}, "prompt"),
     ({**CMPL, "model": 5}, "model"),
     ({**CMPL, "max_tokens": "16"}, "max_tokens"),
