@@ -20,6 +20,7 @@ defaults and an HPA's replica count are not drift. So:
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any, Protocol
 from urllib.parse import quote
 
@@ -69,6 +70,14 @@ def owned(obj: dict[str, Any], owner: dict[str, Any]) -> dict[str, Any]:
     return {**obj, "metadata": {**obj["metadata"], "ownerReferences": [owner]}}
 
 
+def is_owned_by(live: dict[str, Any], owner: dict[str, Any]) -> bool:
+    """``live`` is this resource's: its controller owner reference has the resource's uid. The
+    operator patches and deletes only such objects; a same-named object of anyone else's is a
+    conflict reported in the status, never adopted or deleted."""
+    refs = live.get("metadata", {}).get("ownerReferences") or []
+    return any(ref.get("uid") == owner["uid"] and ref.get("controller") for ref in refs)
+
+
 def applied_json(obj: dict[str, Any]) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"))
 
@@ -92,8 +101,10 @@ def plan_update(desired: dict[str, Any], live: dict[str, Any]) -> dict[str, Any]
     return patch
 
 
-def status_of(body: dict[str, Any], deployments: dict[str, dict | None], problems: list[str]) -> dict[str, Any]:
-    """Ready replicas per pool and the Ready/Valid conditions. Pure."""
+def status_of(body: dict[str, Any], deployments: dict[str, dict | None], problems: list[str],
+              conflicts: Sequence[str] = ()) -> dict[str, Any]:
+    """Ready replicas per pool and the Ready/Valid conditions (Ready is False while an object the
+    resource needs is someone else's). Pure."""
     generation = body.get("metadata", {}).get("generation")
     if problems:
         return {"observedGeneration": generation, "conditions": [
@@ -110,11 +121,15 @@ def status_of(body: dict[str, Any], deployments: dict[str, dict | None], problem
                             "summary": f"{ready}/{wanted}"}
         if deployment is None or ready < wanted:
             lagging.append(f"{component} {ready}/{wanted} ready")
-    is_ready = not lagging
+    is_ready = not lagging and not conflicts
+    if conflicts:
+        ready = {"type": "Ready", "status": "False", "reason": "Conflict", "message": "; ".join(conflicts)}
+    else:
+        ready = {"type": "Ready", "status": "True" if is_ready else "False",
+                 "reason": "PoolsReady" if is_ready else "PoolsNotReady",
+                 "message": "; ".join(lagging) or "every pool has all its replicas ready"}
     return {"observedGeneration": generation, "pools": pools, "conditions": [
-        {"type": "Valid", "status": "True", "reason": "Validated", "message": "the spec passed dpd validate"},
-        {"type": "Ready", "status": "True" if is_ready else "False", "reason": "PoolsReady" if is_ready else "PoolsNotReady",
-         "message": "; ".join(lagging) or "every pool has all its replicas ready"},
+        {"type": "Valid", "status": "True", "reason": "Validated", "message": "the spec passed dpd validate"}, ready,
     ]}
 
 
@@ -132,6 +147,7 @@ async def reconcile(api: Api, body: dict[str, Any], options: RenderOptions | Non
     config = names(parsed)
     owner = owner_reference(body)
     actions: list[str] = []
+    conflicts: list[str] = []
     wanted_paths = set()
     for obj in desired:
         path = object_path(obj, namespace)
@@ -142,6 +158,10 @@ async def reconcile(api: Api, body: dict[str, Any], options: RenderOptions | Non
             await api.create(path.rsplit("/", 1)[0], with_last_applied(target))
             actions.append(f"create {path}")
             continue
+        if not is_owned_by(live, owner):
+            conflicts.append(f"{path} exists and is not this resource's (no owner reference to it): rename the "
+                             "resource or remove that object; dpd neither adopts nor deletes it")
+            continue
         patch = plan_update(target, live)
         if patch:
             await api.patch(path, patch)
@@ -149,7 +169,8 @@ async def reconcile(api: Api, body: dict[str, Any], options: RenderOptions | Non
     for api_version, kind, key in OPTIONAL:
         stale = {"apiVersion": api_version, "kind": kind, "metadata": {"name": config[key], "namespace": namespace}}
         path = object_path(stale, namespace)
-        if path not in wanted_paths and await api.get(path) is not None:
+        live = await api.get(path) if path not in wanted_paths else None
+        if live is not None and is_owned_by(live, owner):
             await api.delete(path)
             actions.append(f"delete {path}")
     selector = quote(f"app.kubernetes.io/instance={body['metadata']['name']},app.kubernetes.io/managed-by=dpd,{TENANT_LABEL}")
@@ -157,7 +178,7 @@ async def reconcile(api: Api, body: dict[str, Any], options: RenderOptions | Non
         listing = await api.get(f"{collection_path(api_version, kind, namespace)}?labelSelector={selector}") or {}
         for item in listing.get("items") or []:
             path = object_path({"apiVersion": api_version, "kind": kind, "metadata": item["metadata"]}, namespace)
-            if path not in wanted_paths:
+            if path not in wanted_paths and is_owned_by(item, owner):
                 await api.delete(path)
                 actions.append(f"delete {path}")
     groups = {g.key: g.name for g in worker_groups(parsed)}
@@ -165,5 +186,5 @@ async def reconcile(api: Api, body: dict[str, Any], options: RenderOptions | Non
     for component, name in [*groups.items(), ("router", config["router"])]:
         ref = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": namespace}}
         deployments[component] = await api.get(object_path(ref, namespace))
-    return status_of(body, deployments, []), actions
+    return status_of(body, deployments, [], conflicts), actions
 

@@ -214,3 +214,44 @@ def test_kopf_validate_handler_answers_with_dpd_validate_messages():
         "spec.maxModelLen: Input should be greater than or equal to 16",
         "spec.pdSpec.prefilSpec: unknown field (check spelling; see `dpd validate --schema`)",
     ]
+
+
+# -- ownership (issue 16, finding 2): only objects the resource owns are patched or deleted -------
+SECRETS = f"/api/v1/namespaces/{NS}/secrets"
+HPAS = f"/apis/autoscaling/v2/namespaces/{NS}/horizontalpodautoscalers"
+
+
+async def test_someone_elses_same_named_objects_are_never_deleted():
+    api = FakeApiServer()
+    # A user's own Secret and HPA that happen to have the names dpd would use (no owner reference).
+    await api.create(SECRETS, {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "smollm2-minimal-secrets", "namespace": NS}})
+    await api.create(HPAS, {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+                            "metadata": {"name": "smollm2-minimal-prefill", "namespace": NS}, "spec": {}})
+    _, actions = await reconcile(api, resource())  # minimal.yaml: no secrets, no autoscaling
+    assert not any(a.startswith("delete") for a in actions), actions
+    assert await api.get(f"{SECRETS}/smollm2-minimal-secrets") is not None
+    assert await api.get(f"{HPAS}/smollm2-minimal-prefill") is not None
+
+
+async def test_a_same_named_object_is_a_conflict_in_the_status_not_adopted():
+    api = FakeApiServer()
+    foreign = {"apiVersion": "apps/v1", "kind": "Deployment",
+               "metadata": {"name": "smollm2-minimal-router", "namespace": NS, "labels": {"team": "other"}},
+               "spec": {"replicas": 3, "template": {"spec": {"containers": [{"name": "c", "image": "other"}]}}}}
+    await api.create(DEPLOYMENTS, copy.deepcopy(foreign))
+    status, actions = await reconcile(api, resource())
+    assert f"patch {DEPLOYMENTS}/smollm2-minimal-router" not in actions
+    live = await api.get(f"{DEPLOYMENTS}/smollm2-minimal-router")
+    assert live["spec"]["replicas"] == 3 and "ownerReferences" not in live["metadata"]
+    assert live["spec"]["template"]["spec"]["containers"][0]["image"] == "other"
+    ready = {c["type"]: c for c in status["conditions"]}["Ready"]
+    assert ready["status"] == "False" and ready["reason"] == "Conflict" and "smollm2-minimal-router" in ready["message"]
+
+
+async def test_another_resources_objects_are_not_deleted_by_this_one():
+    api = await created(resource())
+    other_owner = {"apiVersion": "x/v1", "kind": "Other", "name": "o", "uid": "other-uid", "controller": True}
+    await api.create(SECRETS, {"apiVersion": "v1", "kind": "Secret", "metadata": {
+        "name": "smollm2-minimal-secrets", "namespace": NS, "ownerReferences": [other_owner]}})
+    _, actions = await reconcile(api, resource())
+    assert actions == [] and await api.get(f"{SECRETS}/smollm2-minimal-secrets") is not None
