@@ -25,11 +25,12 @@ and every stream on the prefilling worker whose remaining TPOT slack
 budget it spends (its TTFT of the target, its exposure of its slack, ``stallWeight`` × each other
 stream's stall of its slack): ``score = MISS_COST × misses + risk``. So below saturation,
 where no plan misses, the plan that leaves every budget the most room wins; near and past it,
-the plan that loses the fewest requests. Two rules see past one request: when
-the prefill pool is overloaded (its best split is late) a decoder takes a large prompt whole only
-if it can start it at once, so no queue builds in front of the short requests it serves; and a
-request late on every plan goes where it costs the others least — usually the prefill pool's
-queue, as a static split would. The lowest score wins
+the plan that loses the fewest requests. Rules see past one request: when
+the prefill pool is overloaded (its best split is late, or no split can meet the hops'
+deadlines) a decoder takes a large prompt whole only if it can start it at once, so no queue
+builds in front of the short requests it serves (and in front of later splits' decode hops);
+a large request late on every plan goes where it costs the others least — usually the prefill
+pool's queue, as a static split would; a small one late everywhere is served soonest. The lowest score wins
 (ties: fewer streams, then the preferred role — decode-pool workers for whole requests).
 Prompts below the floor (``routingThreshold``) are never split, only placed. The reason names
 what decided (``decide.Reason``). The policy splits only in the preferred direction (prefill
@@ -124,7 +125,11 @@ class AdaptiveDecider:
         splits = [scored for p, d in pairs if p.load.prefill_s(n) <= self.max_prefill_wait_s
                   and (scored := self._split(p, d, n, m)).decode_wait_s <= self.max_decode_wait_s]
         if not splits:
-            return _with_reason(best_whole, Reason.PREFILL_QUEUE_LONG)
+            # No split is possible because the prefill pool, or the decoder's own prefills, are
+            # backed up: a large prompt then queues whole where it does not lengthen a decoder's
+            # queue (which is what blocks the splits, and what the short requests wait behind).
+            wholes = [s for s in wholes if self._may_queue_whole(s, n, candidates)] or wholes
+            return _with_reason(min(wholes, key=lambda s: s.score), Reason.PREFILL_QUEUE_LONG)
         best_split = min(splits, key=lambda s: s.score)
         if best_split.ttft_s > self.slo.ttft_s:
             # The prefill pool is overloaded: a decoder takes a large prompt whole only if it
@@ -134,6 +139,10 @@ class AdaptiveDecider:
             wholes = [s for s in wholes if self._may_queue_whole(s, n, candidates)] or wholes
             best_whole = min(wholes, key=lambda s: s.score)
         if all(s.ttft_s > self.slo.ttft_s for s in (*wholes, *splits)):
+            if self._is_small(best_whole, n):
+                # A small prompt late everywhere is served soonest: its prefill harms no one, and
+                # the prefill pool's queue (late by assumption) would make it later still.
+                return _with_reason(min(wholes, key=lambda s: (s.ttft_s, s.score)), Reason.PREFILL_QUEUE_LONG)
             # Late on every plan: served where it costs the others least (streams pushed past
             # their TPOT, then seconds of stall), the split on a tie, where it holds up no stream.
             least = min((*splits, *wholes), key=lambda s: (s.harm_misses, round(s.harm_s, 3)))
@@ -146,6 +155,11 @@ class AdaptiveDecider:
         if best_split.decision.prefill.load.prefill_s(n) > best_whole.ttft_s + 1e-9:
             return _with_reason(best_whole, Reason.PREFILL_QUEUE_LONG)
         return _with_reason(best_whole, Reason.SPLIT_NO_GAIN)
+
+    def _is_small(self, scored: Scored, n: int) -> bool:
+        """A prompt whose prefill takes at most SMALL_PREFILL of the TTFT target where it would run whole."""
+        w = scored.decision.decode
+        return w is not None and n / w.load.prefill_tokens_per_s <= SMALL_PREFILL * self.slo.ttft_s
 
     def _may_queue_whole(self, scored: Scored, n: int, candidates: Candidates) -> bool:
         w = scored.decision.decode

@@ -145,6 +145,29 @@ def test_a_split_whose_decode_hop_would_wait_past_its_deadline_is_not_planned():
     assert (plan.path, plan.reason, plan.workers_label) == (Path.DIRECT, Reason.PREFILL_QUEUE_LONG, "prefill-0")
 
 
+def test_with_no_split_possible_a_large_prompt_does_not_queue_on_a_decoder():
+    """The prefill worker's queue outlasts the prefill hop's deadline, so no split; the decoder
+    has 2 s of prefill queued. A 3,000-token prompt whole there would lengthen the queue the
+    short requests (and every later split's decode hop) wait behind: it queues whole on the
+    prefill worker instead, as a static split would."""
+    p, d = worker("prefill-0", queued=30_000), worker("decode-0", queued=1000, streams=2)
+    decider_ = AdaptiveDecider(0, EndpointLoad(LoadPriors()), max_prefill_wait_s=30.0)
+    plan = decider_.plan(3000, 64, Candidates(prefillers=[p], decoders=[d], others=[p]))
+    assert (plan.path, plan.reason, plan.workers_label) == (Path.DIRECT, Reason.PREFILL_QUEUE_LONG, "prefill-0")
+    # A small prompt still goes to the decoder.
+    plan = decider_.plan(100, 64, Candidates(prefillers=[p], decoders=[d], others=[p]))
+    assert plan.workers_label == "decode-0"
+
+
+def test_a_small_prompt_late_on_every_plan_is_served_soonest():
+    """Both queues exceed the TTFT target; a 100-token prompt (0.2 s of prefill) harms no one
+    anywhere, so it takes the earliest first token (the decoder's 12 s) rather than the prefill
+    pool's 40 s queue."""
+    p, d = worker("prefill-0", queued=20_000), worker("decode-0", queued=6000, streams=2)
+    plan = decider().plan(100, 16, Candidates(prefillers=[p], decoders=[d], others=[p]))
+    assert (plan.path, plan.reason, plan.workers_label) == (Path.DIRECT, Reason.PREFILL_QUEUE_LONG, "decode-0")
+
+
 @pytest.mark.parametrize("bad", [-1, 1.5, "512", None, True])
 def test_floor_is_validated(bad):
     with pytest.raises(ValueError):
