@@ -22,4 +22,9 @@ WORKDIR /opt/dpd
 COPY . .
 RUN scripts/install.sh && rm -rf /root/.cache/pip
 
+# Pods run as uid 1000 (Pod Security "restricted": dpd/k8s/security.py); the install stays
+# root-owned and read-only to it, and pods give it a writable HOME (an emptyDir).
+RUN useradd --uid 1000 --create-home --home-dir /home/dpd dpd
+USER 1000
+
 CMD ["dpd", "--help"]

@@ -8,6 +8,7 @@ from typing import Any
 from dpd.k8s.crd import GROUP, PLURAL, crd
 from dpd.k8s.operator_settings import OPERATOR_NAME, WEBHOOK_PORT
 from dpd.k8s.render import DPD_IMAGE
+from dpd.k8s.security import POD_SECURITY, container_security
 
 MANAGED = [
     ("", ["configmaps", "secrets", "services", "serviceaccounts"]),
@@ -58,5 +59,7 @@ def operator_manifests(namespace: str = "dpd-system", image: str = DPD_IMAGE) ->
             "selector": labels, "ports": [{"name": "webhook", "port": 443, "targetPort": "webhook", "protocol": "TCP"}]}},
         {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta, "spec": {
             "replicas": 1, "selector": {"matchLabels": labels}, "strategy": {"type": "Recreate"},
-            "template": {"metadata": {"labels": labels}, "spec": {"serviceAccountName": OPERATOR_NAME, "containers": [container]}}}},
+            "template": {"metadata": {"labels": labels}, "spec": {
+                "serviceAccountName": OPERATOR_NAME, "containers": [{**container, "securityContext": container_security()}],
+                "securityContext": POD_SECURITY}}}},
     ]

@@ -26,6 +26,7 @@ import yaml
 from dpd.config.load import parse_config
 from dpd.config.model import InferenceEndpointConfig
 from dpd.k8s.autoscaling import POOL_KEYS, PoolAutoscaling, RenderError, hpa, parse_autoscaling
+from dpd.k8s.security import POD_SECURITY, container_security
 from dpd.k8s.workers import (
     DRAIN_NOTICE_S,
     SIDE_CHANNEL_PORT,
@@ -243,9 +244,11 @@ def _router_template(config: InferenceEndpointConfig, n: dict[str, str], images:
         # SIGTERM comes after the pause, once the Service has stopped sending new requests here;
         # then the router drains (finishes its streams) for up to drainTimeoutS.
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(DRAIN_NOTICE_S)]}}},
+        "securityContext": container_security(),
     }
     pod: dict[str, Any] = {
         "serviceAccountName": n["router"], "containers": [container], "volumes": volumes,
+        "securityContext": POD_SECURITY,
         "terminationGracePeriodSeconds": DRAIN_NOTICE_S + drain_seconds(config) + ROUTER_TEARDOWN_S,
     }
     if init:

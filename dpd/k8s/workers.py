@@ -14,6 +14,7 @@ import math
 from typing import Any
 
 from dpd.config.model import InferenceEndpointConfig, PoolSpec
+from dpd.k8s.security import POD_SECURITY, container_security, home_volume
 from dpd.launch.plan import KV_ROLES, vllm_args
 from dpd.models.bundled import BUNDLED_DIR_NAME, PREPARATION_VERSION
 
@@ -57,6 +58,7 @@ def model_volume(config: InferenceEndpointConfig, dpd_image: str) -> tuple[list[
         "command": ["dpd", "prepare-model"],
         "env": [{"name": "DPD_CACHE_DIR", "value": MODELS_DIR}],
         "volumeMounts": mounts,
+        "securityContext": container_security(),
     }
     return volumes, mounts, [init], []
 
@@ -133,14 +135,15 @@ def pod_template(
     pool = pd.prefillSpec if pool_name == "prefill" else pd.decodingSpec
     topology = pd.topologySpec or {}
     volumes, mounts, init, model_env = model_volume(config, images["dpd"])
-    volumes = [*volumes, {"name": "dshm", "emptyDir": {"medium": "Memory"}}]
-    mounts = [*mounts, {"name": "dshm", "mountPath": "/dev/shm"}]
+    home, home_mount, home_env = home_volume()
+    volumes = [*volumes, {"name": "dshm", "emptyDir": {"medium": "Memory"}}, home]
+    mounts = [*mounts, {"name": "dshm", "mountPath": "/dev/shm"}, home_mount]
     container: dict[str, Any] = {
         "name": "vllm",
         "image": images["worker"],
         "command": ["python3", "-m", "vllm.entrypoints.openai.api_server"],
         "args": worker_args(config, pool_name, pool),
-        "env": [*model_env, *worker_env(config, pool)],
+        "env": [*model_env, *worker_env(config, pool), home_env],
         "ports": [
             {"name": "http", "containerPort": WORKER_HTTP_PORT, "protocol": "TCP"},
             {"name": "nixl", "containerPort": SIDE_CHANNEL_PORT, "protocol": "TCP"},
@@ -153,8 +156,8 @@ def pod_template(
         "volumeMounts": mounts,
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(DRAIN_NOTICE_S)]}}},
     }
-    if _uses_rdma(pool):
-        container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
+    # RDMA: verbs pins (locks) the KV buffers' memory — the one exception to "restricted".
+    container["securityContext"] = container_security(add_capabilities=("IPC_LOCK",) if _uses_rdma(pool) else ())
     term: dict[str, Any] = {"labelSelector": spread, "topologyKey": topology.get("topologyKey", "kubernetes.io/hostname")}
     if topology.get("requiredAntiAffinity"):
         affinity = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
@@ -162,6 +165,8 @@ def pod_template(
         affinity = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "podAffinityTerm": term}]}}
     pod: dict[str, Any] = {
         "affinity": affinity, "containers": [container],
+        "securityContext": POD_SECURITY,
+        "automountServiceAccountToken": False,  # workers never call the Kubernetes API
         "terminationGracePeriodSeconds": DRAIN_NOTICE_S + drain_seconds(config) + TEARDOWN_S,
     }
     if init:

@@ -152,7 +152,7 @@ def test_gpu_rdma_pods_request_devices_and_lock_memory():
         c = container(objects, pool)
         assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"
         assert c["resources"]["limits"]["rdma/rdma_shared_device_a"] == "1"
-        assert c["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
+        assert c["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK"]}
         assert env(c)["UCX_TLS"] == "rc,cuda_copy,cuda_ipc"
         assert "VLLM_CPU_KVCACHE_SPACE" not in env(c)
         pod = by_kind(objects, "Deployment", f"-{pool}")["spec"]["template"]["spec"]
@@ -382,3 +382,62 @@ def test_router_rollouts_drain_streams(example):
     assert container["lifecycle"]["preStop"]["exec"]["command"][0] == "sleep"
     drain_s = load_config(example).spec.pdSpec.router.drainTimeoutS
     assert pod["terminationGracePeriodSeconds"] > int(container["lifecycle"]["preStop"]["exec"]["command"][1]) + drain_s
+
+
+# -- Pod Security "restricted" (issue 16, finding 4) ----------------------------------------------
+# The one exception, and why: RDMA (verbs) pins the KV buffers' memory, which needs IPC_LOCK.
+RESTRICTED_EXCEPTIONS = {"IPC_LOCK": "RDMA workers: verbs locks (pins) registered memory"}
+
+
+def restricted_problems(pod: dict) -> list[str]:
+    """What keeps ``pod`` out of the Pod Security "restricted" profile (v1.30), beyond the named
+    exceptions: the profile's checks on what dpd renders."""
+    problems = []
+    sc = pod.get("securityContext") or {}
+    if (sc.get("seccompProfile") or {}).get("type") not in ("RuntimeDefault", "Localhost"):
+        problems.append("pod: seccompProfile must be RuntimeDefault")
+    for v in pod.get("volumes") or []:
+        kinds = set(v) - {"name"}
+        if not kinds <= {"configMap", "emptyDir", "secret", "persistentVolumeClaim", "projected", "downwardAPI", "csi", "ephemeral"}:
+            problems.append(f"volume {v['name']}: {kinds} not allowed")
+    if pod.get("hostNetwork") or pod.get("hostPID") or pod.get("hostIPC"):
+        problems.append("pod: host namespaces")
+    for c in [*pod.get("containers", []), *pod.get("initContainers", [])]:
+        csc = c.get("securityContext") or {}
+        if csc.get("allowPrivilegeEscalation") is not False:
+            problems.append(f"{c['name']}: allowPrivilegeEscalation must be false")
+        if not (csc.get("runAsNonRoot") or sc.get("runAsNonRoot")):
+            problems.append(f"{c['name']}: runAsNonRoot")
+        if (csc.get("runAsUser", sc.get("runAsUser")) or 0) == 0:
+            problems.append(f"{c['name']}: runs as uid 0")
+        caps = csc.get("capabilities") or {}
+        if "ALL" not in (caps.get("drop") or []):
+            problems.append(f"{c['name']}: capabilities must drop ALL")
+        for cap in caps.get("add") or []:
+            if cap not in ("NET_BIND_SERVICE", *RESTRICTED_EXCEPTIONS):
+                problems.append(f"{c['name']}: adds {cap}")
+        if csc.get("privileged"):
+            problems.append(f"{c['name']}: privileged")
+    return problems
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_every_rendered_pod_meets_pod_security_restricted(example):
+    objects = rendered(example)
+    pods = [o["spec"]["template"]["spec"] for o in objects if o["kind"] == "Deployment"]
+    assert pods
+    for pod in pods:
+        problems = restricted_problems(pod)
+        if any(v.get("hostPath") for v in pod.get("volumes") or []):
+            # modelSourceType local: the model directory pre-staged on the node (read-only).
+            problems = [p for p in problems if "hostPath" not in p]
+        assert problems == [], problems
+    workers = [o for o in objects if o["kind"] == "Deployment" and not o["metadata"]["name"].endswith("-router")]
+    assert all(w["spec"]["template"]["spec"]["automountServiceAccountToken"] is False for w in workers)
+
+
+def test_the_operator_pod_meets_pod_security_restricted():
+    from dpd.k8s.install import operator_manifests
+
+    (deployment,) = [o for o in operator_manifests("dpd-system") if o["kind"] == "Deployment"]
+    assert restricted_problems(deployment["spec"]["template"]["spec"]) == []
