@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -131,7 +132,7 @@ def _cmd_bench_overhead(args: argparse.Namespace) -> int:
 
     return run_overhead(
         args.router.rstrip("/"), args.decode.rstrip("/"), args.model_name, args.rounds, args.prompt_words,
-        with_peer=not args.no_peer, out_json=args.json,
+        with_peer=not args.no_peer, out_json=args.json, worker_key=args.worker_key,
     )
 
 
@@ -336,6 +337,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--rounds", type=int, default=100)
     b.add_argument("--prompt-words", type=int, default=90, help="~100 tokens with the bundled tokenizer")
     b.add_argument("--no-peer", action="store_true", help="skip vllm-router")
+    b.add_argument("--worker-key", default=os.environ.get("DPD_WORKER_API_KEY"),
+                   help="the workers' API key (dpd serve's run directory: worker-key; default $DPD_WORKER_API_KEY)")
     b.add_argument("--json", help="write raw samples here")
     b.set_defaults(func=_cmd_bench_overhead)
 
@@ -344,6 +347,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--raw", action="store_true", help="do the P/D hops here, straight to the workers (no dpd)")
     b.add_argument("--prefill", default="http://127.0.0.1:8100", help="prefill worker (raw mode)")
     b.add_argument("--decode", default="http://127.0.0.1:8101", help="decode worker (raw mode)")
+    b.add_argument("--worker-key", default=os.environ.get("DPD_WORKER_API_KEY"),
+                   help="the workers' API key for raw mode (dpd serve's run directory: worker-key; default $DPD_WORKER_API_KEY)")
     b.add_argument("--model-name", default="smollm2-135m")
     b.add_argument("--short", type=int, default=200, help="number of short prompts")
     b.add_argument("--long", type=int, default=50, help="number of long prompts")

@@ -71,10 +71,13 @@ class TargetResult:
         return percentile(self.ttfts_s, 0.99) * 1000
 
 
-async def compare(targets: dict[str, str], model: str, num_rounds: int, prompt_words: int, warmup: int = 3) -> list[TargetResult]:
+async def compare(targets: dict[str, str], model: str, num_rounds: int, prompt_words: int, warmup: int = 3,
+                  worker_key: str | None = None) -> list[TargetResult]:
     results = {name: TargetResult(name, []) for name in targets}
     timeout = aiohttp.ClientTimeout(total=120)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    # The workers' key (a direct target is a worker; dpd without tenants ignores the header).
+    headers = {"Authorization": f"Bearer {worker_key}"} if worker_key else None
+    async with aiohttp.ClientSession(timeout=timeout, headers=headers) as session:
         rng = random.Random(0)
         for round_index in range(-warmup, num_rounds):
             order = list(targets.items())
@@ -96,8 +99,9 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def peer_router(decode_url: str, prefill_url: str | None = None) -> Iterator[str]:
-    """Run ``vllm-router``: plain proxy to ``decode_url``, or P/D mode with ``prefill_url``."""
+def peer_router(decode_url: str, prefill_url: str | None = None, api_key: str | None = None) -> Iterator[str]:
+    """Run ``vllm-router``: plain proxy to ``decode_url``, or P/D mode with ``prefill_url``;
+    ``api_key``: the key dpd's workers require (``dpd serve`` keeps it in its run directory)."""
     exe = shutil.which("vllm-router") or os.path.join(os.path.dirname(sys.executable), "vllm-router")
     if not os.path.exists(exe):
         raise RuntimeError("vllm-router is not installed (pip install vllm-router)")
@@ -107,7 +111,7 @@ def peer_router(decode_url: str, prefill_url: str | None = None) -> Iterator[str
     else:
         args = ["--worker-urls", decode_url]
     cmd = [exe, *args, "--host", "127.0.0.1", "--port", str(port), "--prometheus-port", str(metrics_port),
-           "--policy", "round_robin", "--worker-startup-check-interval", "1"]
+           "--policy", "round_robin", "--worker-startup-check-interval", "1", *(["--api-key", api_key] if api_key else [])]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -145,14 +149,15 @@ def report(results: list[TargetResult], baseline: str) -> str:
 
 
 def run_overhead(
-    router_url: str, decode_url: str, model: str, num_rounds: int, prompt_words: int, with_peer: bool, out_json: str | None
+    router_url: str, decode_url: str, model: str, num_rounds: int, prompt_words: int, with_peer: bool, out_json: str | None,
+    worker_key: str | None = None,
 ) -> int:
     targets = {"direct": decode_url, "dpd": router_url}
     with contextlib.ExitStack() as stack:
         if with_peer:
-            targets["vllm-router"] = stack.enter_context(peer_router(decode_url))
+            targets["vllm-router"] = stack.enter_context(peer_router(decode_url, api_key=worker_key))
         print(f"measuring {num_rounds} rounds over {', '.join(targets)}", file=sys.stderr)
-        results = asyncio.run(compare(targets, model, num_rounds, prompt_words))
+        results = asyncio.run(compare(targets, model, num_rounds, prompt_words, worker_key=worker_key))
     print(report(results, "direct"))
     if out_json:
         with open(out_json, "w") as f:

@@ -75,13 +75,14 @@ async def _router_counters(session: aiohttp.ClientSession, router_url: str) -> d
 
 async def run(
     *, router_url: str | None, prefill_url: str | None, decode_url: str, model: str,
-    num_short: int, num_long: int, short_words: int, long_words: int,
+    num_short: int, num_long: int, short_words: int, long_words: int, worker_key: str | None = None,
 ) -> dict:
     samples = {f"{path}/{size}": PathSamples() for path in ("disaggregated", "direct") for size in ("short", "long")}
     jobs = [short_words] * num_short + [long_words] * num_long
     random.Random(0).shuffle(jobs)  # a fixed interleaving of sizes
     timeout = aiohttp.ClientTimeout(total=600)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    headers = {"Authorization": f"Bearer {worker_key}"} if worker_key else None  # raw mode talks to the workers
+    async with aiohttp.ClientSession(timeout=timeout, headers=headers) as session:
         before = await _router_counters(session, router_url) if router_url else {}
         for i, words in enumerate(jobs):
             for path in ("disaggregated", "direct"):
@@ -119,6 +120,7 @@ def main(args) -> int:
         prefill_url=args.prefill.rstrip("/") if args.prefill else None,
         decode_url=args.decode.rstrip("/"), model=args.model_name,
         num_short=args.short, num_long=args.long, short_words=args.short_words, long_words=args.long_words,
+        worker_key=args.worker_key,
     ))
     print(json.dumps(result, indent=1))
     return 0

@@ -254,7 +254,8 @@ def run(spec: BenchSpec, out_dir: Path) -> dict:
                 if name == "vllm-router":
                     pool = serve.config.spec.pdSpec
                     base_port = pool.local.workerBasePort
-                    with peer_router(f"http://127.0.0.1:{base_port + 1}", prefill_url=f"http://127.0.0.1:{base_port}") as url:
+                    with peer_router(f"http://127.0.0.1:{base_port + 1}", prefill_url=f"http://127.0.0.1:{base_port}",
+                                     api_key=serve.worker_key) as url:
                         results["scenarios"][name] = _run_scenario(name, url, spec, base, compare_rps, None)
                 else:
                     results["scenarios"][name] = _run_scenario(name, serve.url, spec, base, compare_rps, serve)

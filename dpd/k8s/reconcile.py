@@ -20,14 +20,16 @@ defaults and an HPA's replica count are not drift. So:
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Sequence
 from typing import Any, Protocol
 from urllib.parse import quote
 
 from dpd.config.load import parse_config
 from dpd.k8s.api import collection_path, object_path
-from dpd.k8s.render import TENANT_LABEL, RenderOptions, config_document, names, render, worker_groups
+from dpd.k8s.render import TENANT_LABEL, RenderOptions, config_document, labels, names, render, worker_groups
 from dpd.k8s.webhook import admission_problems
+from dpd.k8s.workers import WORKER_KEY_ITEM, worker_key_secret
 
 LAST_APPLIED = "dpd.dev/last-applied"
 # Kinds render may stop producing for a spec (and so must be deleted), by name key.
@@ -149,6 +151,19 @@ async def reconcile(api: Api, body: dict[str, Any], options: RenderOptions | Non
     actions: list[str] = []
     conflicts: list[str] = []
     wanted_paths = set()
+    # The workers' API key: created once at random, never rendered (a render is deterministic,
+    # and a new key on every reconcile would restart every pod).
+    key_secret = {"apiVersion": "v1", "kind": "Secret",
+                  "metadata": {"name": worker_key_secret(parsed), "namespace": namespace, "labels": labels(parsed, "router")},
+                  "type": "Opaque", "stringData": {WORKER_KEY_ITEM: secrets.token_urlsafe(32)}}
+    key_path = object_path(key_secret, namespace)
+    wanted_paths.add(key_path)
+    live_key = await api.get(key_path)
+    if live_key is None:
+        await api.create(key_path.rsplit("/", 1)[0], owned(key_secret, owner))
+        actions.append(f"create {key_path}")
+    elif not is_owned_by(live_key, owner):
+        conflicts.append(f"{key_path} exists and is not this resource's: dpd neither adopts nor deletes it")
     for obj in desired:
         path = object_path(obj, namespace)
         wanted_paths.add(path)

@@ -34,7 +34,9 @@ from dpd.k8s.workers import (
     drain_seconds,
     model_volume,
     pod_template,
+    worker_key_env,
 )
+from dpd.router.app import WORKER_KEY_ENV
 
 DPD_IMAGE = "dpd:0.1.0"
 VLLM_GPU_IMAGE = "vllm/vllm-openai:v0.32.0"
@@ -42,6 +44,7 @@ ROUTER_TEARDOWN_S = 5  # after the drain, for the process to exit before the kub
 CONFIG_PATH = "/etc/dpd/config/config.yaml"
 SECRETS_PATH = "/etc/dpd/secrets/secrets.yaml"
 METRICS_LABEL = "dpd.dev/metrics"
+SCRAPE_LABEL = "dpd.dev/scrape"  # on the namespace Prometheus runs in: it may scrape the workers
 POOLS = ("prefill", "decode")
 SECRET_ROUTER_KEYS = ("adminKeySha256",)
 
@@ -224,7 +227,8 @@ def _router_template(config: InferenceEndpointConfig, n: dict[str, str], images:
     volumes, mounts, init, model_env = model_volume(config, images["dpd"])
     volumes = [*volumes, {"name": "config", "configMap": {"name": n["config"]}}]
     mounts = [*mounts, {"name": "config", "mountPath": "/etc/dpd/config", "readOnly": True}]
-    env = [{"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}, *model_env]
+    env = [{"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}, *model_env,
+           worker_key_env(config, WORKER_KEY_ENV)]
     if secrets:
         volumes.append({"name": "secrets", "secret": {"secretName": n["secrets"]}})
         mounts.append({"name": "secrets", "mountPath": "/etc/dpd/secrets", "readOnly": True})
@@ -303,11 +307,24 @@ def _network_policies(config: InferenceEndpointConfig, n: dict[str, str]) -> lis
         {"key": "app.kubernetes.io/component", "operator": "In", "values": components}]}
     peers = {"matchLabels": instance, "matchExpressions": [
         {"key": "app.kubernetes.io/component", "operator": "In", "values": ["router", *components]}]}
-    prometheus = {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}
+    # Prometheus only from namespaces labelled for it (the monitoring namespace: `kubectl label
+    # namespace monitoring dpd.dev/scrape=true`), and only on the HTTP port — where the workers'
+    # API needs their key anyway; /metrics does not.
+    prometheus = {"namespaceSelector": {"matchLabels": {SCRAPE_LABEL: "true"}},
+                  "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}
+    # Egress: the peers (HTTP hops, NIXL side channel, KV transfers) and DNS; the hub as well
+    # when the workers download the model themselves.
+    egress: list[dict[str, Any]] = [
+        {"to": [{"podSelector": peers}]},
+        {"to": [{"namespaceSelector": {}}], "ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]},
+    ]
+    if config.spec.modelSourceConfig.modelSourceType == "hub":
+        egress.append({"ports": [{"port": 443, "protocol": "TCP"}]})
     router_port = config.spec.pdSpec.router.port
     return [
         {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": _meta(config, n["workers"], "workers"), "spec": {
-            "podSelector": workers, "policyTypes": ["Ingress"],
+            "podSelector": workers, "policyTypes": ["Ingress", "Egress"],
+            "egress": egress,
             "ingress": [
                 # The router (HTTP hops) and the other workers (NIXL side channel, KV pulls).
                 {"from": [{"podSelector": peers}]},

@@ -31,7 +31,7 @@ from dpd.k8s.api import KubeApi
 from dpd.k8s.discovery import Endpoint, EndpointSliceWatcher
 from dpd.k8s.render import worker_groups
 from dpd.k8s.workers import model_argument
-from dpd.router import Router, RouterSettings, make_server
+from dpd.router import WORKER_KEY_ENV, Router, RouterSettings, make_server
 from dpd.router.pools import Pool
 
 log = logging.getLogger(__name__)
@@ -71,7 +71,8 @@ def load_document(config_path: str, secrets_path: str | None) -> dict[str, Any]:
 def cluster_settings(config: InferenceEndpointConfig) -> RouterSettings:
     spec = config.spec
     router = spec.pdSpec.router.model_copy(update={"host": "0.0.0.0"})
-    return RouterSettings.for_endpoint(spec, tokenizer_path=model_argument(config), router=router)
+    return RouterSettings.for_endpoint(spec, tokenizer_path=model_argument(config), router=router,
+                                       worker_api_key=os.environ.get(WORKER_KEY_ENV) or None)
 
 
 class ThresholdReloader:

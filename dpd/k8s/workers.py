@@ -63,6 +63,20 @@ def model_volume(config: InferenceEndpointConfig, dpd_image: str) -> tuple[list[
     return volumes, mounts, [init], []
 
 
+WORKER_KEY_ITEM = "key"
+
+
+def worker_key_secret(config: InferenceEndpointConfig) -> str:
+    """The Secret holding the key the workers require on their API (vLLM's ``VLLM_API_KEY``) and
+    the router sends: the operator creates it once, at random (reconcile.py); without the operator,
+    create it yourself (docs/kubernetes.md)."""
+    return f"{config.metadata.name}-worker-key"
+
+
+def worker_key_env(config: InferenceEndpointConfig, name: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"secretKeyRef": {"name": worker_key_secret(config), "key": WORKER_KEY_ITEM}}}
+
+
 def _uses_rdma(pool: PoolSpec) -> bool:
     names = [*pool.resources.requests, *pool.resources.limits]
     return any(marker in name.lower() for name in names for marker in RDMA_MARKERS)
@@ -143,7 +157,7 @@ def pod_template(
         "image": images["worker"],
         "command": ["python3", "-m", "vllm.entrypoints.openai.api_server"],
         "args": worker_args(config, pool_name, pool),
-        "env": [*model_env, *worker_env(config, pool), home_env],
+        "env": [*model_env, *worker_env(config, pool), home_env, worker_key_env(config, "VLLM_API_KEY")],
         "ports": [
             {"name": "http", "containerPort": WORKER_HTTP_PORT, "protocol": "TCP"},
             {"name": "nixl", "containerPort": SIDE_CHANNEL_PORT, "protocol": "TCP"},

@@ -8,6 +8,7 @@ still alive afterwards, which must be none (any that are get SIGKILL).
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import yaml
 
 from dpd.config import load_config
 from dpd.launch.process import child_setup
+from dpd.router.app import WORKER_KEY_ENV
 
 
 def _merge(base: dict, overrides: dict) -> dict:
@@ -53,14 +55,22 @@ class ServeProcess:
         self.config = load_config(config_path)
         self.url = f"http://127.0.0.1:{self.config.spec.pdSpec.router.port}"
         self.log_path = log_path
+        # The key the workers require (dpd serve takes it from the environment): so benchmarks and
+        # tests can reach a worker directly, as the router does.
+        self.worker_key = secrets.token_urlsafe(32)
         self._log = open(log_path, "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "dpd", "serve", str(config_path), *extra_args],
+            env={**os.environ, WORKER_KEY_ENV: self.worker_key},
             stdout=self._log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             preexec_fn=child_setup,  # stops (SIGTERM) if this process dies without stop()
         )
+
+    @property
+    def worker_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.worker_key}"}
 
     def wait_ready(self, timeout_s: float = 900) -> None:
         deadline = time.monotonic() + timeout_s

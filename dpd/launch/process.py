@@ -49,8 +49,10 @@ def child_setup(cores: tuple[int, ...] = ()) -> None:
 
 
 class WorkerProcess:
-    def __init__(self, plan: WorkerPlan, run_dir: Path, *, pin_process: bool = False):
+    def __init__(self, plan: WorkerPlan, run_dir: Path, *, pin_process: bool = False,
+                 secret_env: dict[str, str] | None = None):
         self.plan = plan
+        self._secret_env = secret_env or {}  # e.g. VLLM_API_KEY: in the environment, never on the command line
         self.log_path = run_dir / f"{plan.name}.log"
         self._pin_process = pin_process
         self._proc: asyncio.subprocess.Process | None = None
@@ -66,7 +68,7 @@ class WorkerProcess:
         return self._proc is not None and self._proc.returncode is None
 
     async def start(self) -> None:
-        env = {**os.environ, **dict(self.plan.env)}
+        env = {**os.environ, **dict(self.plan.env), **self._secret_env}
         cores = self.plan.cores if self._pin_process else ()
         log_file = open(self.log_path, "ab")
         try:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import secrets
 import signal
 import socket
 import sys
@@ -26,7 +28,7 @@ from dpd.config.model import InferenceEndpointConfig
 from dpd.launch.plan import WorkerPlan, oversubscribed, plan_workers
 from dpd.launch.process import WorkerProcess
 from dpd.models.bundled import cache_root, resolve_model
-from dpd.router import Router, RouterSettings, make_server
+from dpd.router import WORKER_KEY_ENV, Router, RouterSettings, make_server
 
 log = logging.getLogger("dpd.serve")
 
@@ -67,6 +69,7 @@ class Endpoint:
         self._supervisors: list[asyncio.Task] = []
         self._announcers: set[asyncio.Task] = set()
         self._router: Router | None = None
+        self.worker_key: str | None = None  # set when the workers start
         # Drain support (the admin API's WorkerControl): parked workers stay stopped until resumed.
         self._parked: dict[str, asyncio.Event] = {}
         self._restart_now: set[str] = set()
@@ -114,7 +117,16 @@ class Endpoint:
                      "(set --dtype in a pool's args to override)")
         for plan in plans:
             self.say(f"  {plan.name}: port {plan.port}, cores {','.join(map(str, plan.cores))}, role {plan.kv_role or 'colocated'}")
-        self._workers = [WorkerProcess(plan, run_dir) for plan in plans]
+        # Workers serve their API only to the holder of this key (the router): nothing else on the
+        # machine can send them requests, kv_transfer_params included. Kept in the run directory
+        # (0600) for tools that talk to a worker directly.
+        self.worker_key = os.environ.get(WORKER_KEY_ENV) or secrets.token_urlsafe(32)
+        key_path = run_dir / "worker-key"
+        key_path.touch(mode=0o600)
+        key_path.chmod(0o600)
+        key_path.write_text(self.worker_key + "\n")
+        self.say(f"workers require an API key (only the router has it; also in {key_path})")
+        self._workers = [WorkerProcess(plan, run_dir, secret_env={"VLLM_API_KEY": self.worker_key}) for plan in plans]
         for worker in self._workers:
             await worker.start()
         if not await self._wait_healthy(spec.pdSpec.local.startupTimeoutS):
@@ -158,7 +170,7 @@ class Endpoint:
             spec, tokenizer_path=model_path,
             prefill_urls=tuple(p.url for p in prefill), decode_urls=tuple(p.url for p in decode),
             prefill_names=tuple(p.name for p in prefill), decode_names=tuple(p.name for p in decode),
-            is_colocated=self.is_colocated,
+            is_colocated=self.is_colocated, worker_api_key=self.worker_key,
         )
 
     async def _wait_healthy(self, timeout_s: float) -> bool:

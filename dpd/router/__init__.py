@@ -3,7 +3,7 @@
 Depends on no other dpd package but ``dpd.config``'s types; never imports torch or vLLM.
 """
 
-from dpd.router.app import Router, RouterSettings, build_app
+from dpd.router.app import WORKER_KEY_ENV, Router, RouterSettings, build_app
 from dpd.router.server import make_server
 
-__all__ = ["Router", "RouterSettings", "build_app", "make_server"]
+__all__ = ["WORKER_KEY_ENV", "Router", "RouterSettings", "build_app", "make_server"]

@@ -22,7 +22,7 @@ import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -60,6 +60,8 @@ from dpd.router.tenants import Tenant, TenantRegistry
 from dpd.router.tokens import TokenCounter, Tokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
+# The environment variable that hands the router (dpd serve, the cluster router) the workers' API key.
+WORKER_KEY_ENV = "DPD_WORKER_API_KEY"
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,9 @@ class RouterSettings:
     decode_names: tuple[str, ...] = ()
     tenants: tuple[TenantSpec, ...] = ()
     routing_policy: str = PdSpec.model_fields["routingPolicy"].default
+    # The bearer key the workers require on their API (vLLM's VLLM_API_KEY): only the router may
+    # send them requests (kv_transfer_params among them). None: workers without a key.
+    worker_api_key: str | None = field(default=None, repr=False)
 
     @classmethod
     def for_endpoint(cls, endpoint: EndpointSpec, *, tokenizer_path: str, router: RouterSpec | None = None,
@@ -146,7 +151,9 @@ class Router:
         # keep-alive below uvicorn's 5 s (vLLM's server), so we never POST on a closing connection;
         # a large read buffer for long SSE lines (prompt logprobs arrive in one chunk).
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4)
-        self._session = aiohttp.ClientSession(connector=connector, read_bufsize=4 * 1024 * 1024)
+        key = self.settings.worker_api_key
+        self._session = aiohttp.ClientSession(connector=connector, read_bufsize=4 * 1024 * 1024,
+                                              headers={"Authorization": f"Bearer {key}"} if key else None)
         self.flow = PdFlow(
             self._session, self.prefill, self.decode, self.picker, self.settings.spec, self.metrics,
             self.gates.get("prefill"), self.gates.get("decode"), self.routing.endpoint,

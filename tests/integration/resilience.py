@@ -298,10 +298,11 @@ def test_drain_and_restart_the_prefill_worker_loses_nothing(endpoint, make_promp
 
 
 # -- kill -9 of the decoder ---------------------------------------------------------------------
-def _prefill_kv_usage() -> float:
+def _prefill_kv_usage(endpoint) -> float:
     """The prefiller's KV usage. vLLM updates the gauge (and frees expired leases) only when its
-    engine steps, so step it with a one-token request first."""
-    requests.post(PREFILL_URL + "/v1/completions", json={"model": MODEL, "prompt": "ok", "max_tokens": 1}, timeout=60)
+    engine steps, so step it with a one-token request first (with the workers' key, as the router)."""
+    requests.post(PREFILL_URL + "/v1/completions", json={"model": MODEL, "prompt": "ok", "max_tokens": 1},
+                  headers=endpoint.worker_headers, timeout=60)
     return scrape(PREFILL_URL, "vllm:kv_cache_usage_perc")
 
 
@@ -343,7 +344,7 @@ def test_kill_decoder_mid_stream_and_after_a_prefill(endpoint, make_prompt, caps
     while _worker_state(endpoint, "prefill-0")["breaker"] != "closed":  # the long prompt must be disaggregated
         assert time.monotonic() < deadline, _worker_state(endpoint, "prefill-0")
         requests.post(endpoint.url + "/v1/completions", json={**SHORT, "prompt": make_prompt(1500, seed=4240)}, timeout=120)
-    baseline = max(_prefill_kv_usage(), _prefill_kv_usage())
+    baseline = max(_prefill_kv_usage(endpoint), _prefill_kv_usage(endpoint))
     # In flight on the decoder when it dies: two streaming completions, a streaming chat and a
     # non-streaming chat, greedy; each answer is first recorded uninterrupted.
     completion = {"model": MODEL, "prompt": "Count to one thousand:", "max_tokens": 48, "ignore_eos": True,
@@ -401,7 +402,7 @@ def test_kill_decoder_mid_stream_and_after_a_prefill(endpoint, make_prompt, caps
     peak, freed_after = 0.0, None
     prefilled_at = long_result["ended_at"]
     while time.monotonic() - prefilled_at < lease_s + 30:
-        usage = _prefill_kv_usage()
+        usage = _prefill_kv_usage(endpoint)
         peak = max(peak, usage)
         if usage <= baseline and time.monotonic() - killed_at > 2:
             freed_after = time.monotonic() - prefilled_at

@@ -241,3 +241,33 @@ async def test_a_stopping_router_lets_open_streams_finish(served):
             router.server.should_exit = True  # type: ignore[attr-defined]  # what SIGTERM does
             rest = [line async for line in lines]
     assert first.startswith("data: ") and "data: [DONE]" in rest
+
+
+# -- workers behind the router (issue 16, finding 1) ---------------------------------------------
+async def test_every_hop_carries_the_workers_key_and_the_settings_never_show_it(make_router):
+    prefill, decode = ScriptedWorker(), ScriptedWorker()
+    client = await make_router(prefill, decode, threshold=0, worker_api_key="s3cret")
+    assert (await client.post("/v1/completions", json=BODY)).status_code == 200
+    assert prefill.authorizations == decode.authorizations == ["Bearer s3cret"]
+    assert "s3cret" not in repr(client.router.settings)  # type: ignore[attr-defined]
+
+
+def test_dpd_serve_gives_its_workers_a_key_through_the_environment(tmp_path, monkeypatch):
+    from dpd.launch.process import WorkerProcess
+
+    monkeypatch.setenv("DPD_WORKER_API_KEY", "from-env")
+    captured = {}
+
+    async def fake_exec(*command, env, **kwargs):
+        captured.update(command=command, env=env)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", fake_exec)
+    from dpd.config import load_config
+    from dpd.launch.plan import plan_workers
+
+    (plan, *_) = plan_workers(load_config("examples/minimal.yaml"), "/model", is_colocated=False)
+    worker = WorkerProcess(plan, tmp_path, secret_env={"VLLM_API_KEY": "k"})
+    with pytest.raises(RuntimeError):
+        asyncio.run(worker.start())
+    assert captured["env"]["VLLM_API_KEY"] == "k" and "k" not in " ".join(captured["command"]).split()

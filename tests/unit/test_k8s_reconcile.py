@@ -255,3 +255,15 @@ async def test_another_resources_objects_are_not_deleted_by_this_one():
         "name": "smollm2-minimal-secrets", "namespace": NS, "ownerReferences": [other_owner]}})
     _, actions = await reconcile(api, resource())
     assert actions == [] and await api.get(f"{SECRETS}/smollm2-minimal-secrets") is not None
+
+
+async def test_the_workers_key_is_created_once_at_random_and_kept():
+    api = FakeApiServer()
+    await reconcile(api, resource())
+    secret = await api.get(f"{SECRETS}/smollm2-minimal-worker-key")
+    key = secret.get("stringData", secret.get("data", {}))["key"]
+    assert len(key) >= 32 and secret["metadata"]["ownerReferences"][0]["uid"] == "iec-uid-1"
+    _, actions = await reconcile(api, resource(pdSpec__routingThreshold=64))
+    assert not any("worker-key" in a for a in actions)
+    again = await api.get(f"{SECRETS}/smollm2-minimal-worker-key")
+    assert again.get("stringData", again.get("data", {}))["key"] == key

@@ -189,7 +189,7 @@ def test_each_pool_autoscales_on_its_own_metric_and_leaves_replicas_to_the_hpa()
 
 def test_workers_are_reachable_only_from_the_router_and_each_other():
     policy = by_kind(rendered("examples/minimal.yaml"), "NetworkPolicy", "-workers")["spec"]
-    assert policy["policyTypes"] == ["Ingress"]
+    assert policy["policyTypes"] == ["Ingress", "Egress"]
     peers, metrics = policy["ingress"]
     assert peers["from"][0]["podSelector"]["matchExpressions"][0]["values"] == [
         "router", "prefill", "decode", "prefill-dedicated", "decode-dedicated"
@@ -441,3 +441,23 @@ def test_the_operator_pod_meets_pod_security_restricted():
 
     (deployment,) = [o for o in operator_manifests("dpd-system") if o["kind"] == "Deployment"]
     assert restricted_problems(deployment["spec"]["template"]["spec"]) == []
+
+
+# -- workers behind the router (issue 16, finding 1) ----------------------------------------------
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_workers_require_the_routers_key_and_talk_only_to_peers(example):
+    objects = rendered(example)
+    name = load_config(example).metadata.name
+    key_ref = {"secretKeyRef": {"name": f"{name}-worker-key", "key": "key"}}
+    for o in objects:
+        if o["kind"] != "Deployment":
+            continue
+        (c,) = o["spec"]["template"]["spec"]["containers"]
+        wanted = "DPD_WORKER_API_KEY" if o["metadata"]["name"].endswith("-router") else "VLLM_API_KEY"
+        assert {e["name"]: e.get("valueFrom") for e in c["env"]}[wanted] == key_ref
+        assert "api-key" not in json.dumps(c.get("args", []))  # never on a command line
+    policy = by_kind(objects, "NetworkPolicy", "-workers")["spec"]
+    prometheus = policy["ingress"][1]["from"][0]
+    assert prometheus["namespaceSelector"] == {"matchLabels": {"dpd.dev/scrape": "true"}}  # not every namespace
+    assert policy["egress"][0] == {"to": [{"podSelector": policy["ingress"][0]["from"][0]["podSelector"]}]}
+    assert all("to" in rule or rule["ports"] == [{"port": 443, "protocol": "TCP"}] for rule in policy["egress"])

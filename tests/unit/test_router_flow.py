@@ -56,6 +56,7 @@ class ScriptedWorker:
         self.first_token_delay_s = first_token_delay_s
         self.token_delay_s = token_delay_s
         self.bodies: list[dict] = []
+        self.authorizations: list[str | None] = []
         app = web.Application()
         app.router.add_get("/health", self.health)
         app.router.add_post("/v1/completions", self.completions)
@@ -71,6 +72,7 @@ class ScriptedWorker:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.bodies.append(body)
+        self.authorizations.append(request.headers.get("Authorization"))
         kv = body.get("kv_transfer_params") or {}
         if kv.get("do_remote_decode"):
             await asyncio.sleep(self.prefill_delay_s)
@@ -113,6 +115,7 @@ async def make_router():
         threshold: int = 0,
         tenants: tuple = (),
         policy: str = "threshold",
+        worker_api_key: str | None = None,
         **spec,
     ) -> httpx.AsyncClient:
         prefills = prefill if isinstance(prefill, list) else [prefill] if prefill else []
@@ -124,6 +127,7 @@ async def make_router():
             spec=RouterSpec(healthIntervalS=0.2, **spec), model_name="m", max_model_len=1000, tokenizer_path="",
             threshold_tokens=threshold, prefill_urls=tuple(w.url for w in prefills), decode_urls=tuple(w.url for w in decodes),
             is_colocated=not prefills, tenants=tuple(tenants), routing_policy=policy,
+            worker_api_key=worker_api_key,
         )
         router = Router(settings, tokenizer=WordTokenizer())
         await router.start()
