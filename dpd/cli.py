@@ -1,6 +1,7 @@
 """The ``dpd`` command.
 
   dpd serve [FILE] [--colocated]   run an endpoint (embedded default config without FILE)
+  dpd serve [FILE] --dry-run       print the workers' commands, env, ports and devices; start nothing
   dpd route --prefill URL --decode URL --tokenizer PATH   run the router alone
   dpd validate FILE [--schema]     check a config; print every error with its field path
   dpd prepare-model                prepare and cache the bundled model, print its path
@@ -87,6 +88,16 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gpu_list(text: str) -> list[str]:
+    """``--gpus``: a count (``4`` = GPUs 0–3) or a comma-separated list of ids."""
+    if text.isdigit() and "," not in text:
+        return [str(i) for i in range(int(text))]
+    ids = [g.strip() for g in text.split(",") if g.strip()]
+    if not ids:
+        raise argparse.ArgumentTypeError("expected a GPU count or comma-separated GPU ids")
+    return ids
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     from dpd.launch.plan import PlanError
     from dpd.launch.serve import LaunchError, serve
@@ -94,6 +105,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     config = with_overrides(load_config(args.file), args)
     try:
+        if args.dry_run or args.json:
+            from dpd.launch.serve import dry_run
+
+            return dry_run(config, is_colocated=args.colocated, gpus=args.gpus, as_json=args.json)
+        if args.gpus is not None:
+            print("dpd serve: --gpus only goes with --dry-run (a real run uses the GPUs this machine has)", file=sys.stderr)
+            return 2
         return serve(config, is_colocated=args.colocated)
     except (LaunchError, PlanError, ModelError) as exc:
         print(f"dpd serve: {exc}", file=sys.stderr)
@@ -307,6 +325,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", choices=POLICIES, help="override spec.pdSpec.routingPolicy")
     p.add_argument("--port", type=int, help="override spec.pdSpec.router.port")
     p.add_argument("--host", help="override spec.pdSpec.router.host")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print every worker's command line, environment, ports and devices; start nothing")
+    p.add_argument("--json", action="store_true", help="with --dry-run: the plan as JSON")
+    p.add_argument("--gpus", type=_gpu_list, metavar="N|IDS",
+                   help="with --dry-run: plan for a node with N GPUs (or these ids, e.g. 0,1,4,5) instead of this machine")
     p.set_defaults(func=_cmd_serve)
 
     p = sub.add_parser("route", help="run the router alone against running workers")

@@ -37,6 +37,9 @@ class ResourceRequirements(_Frozen):
     limits: dict[str, str | int] = Field(default_factory=dict)
 
 
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
 class PoolSpec(_Frozen):
     """One pool of identical vLLM workers (``prefillSpec`` or ``decodingSpec``)."""
 
@@ -49,9 +52,35 @@ class PoolSpec(_Frozen):
         default=1, ge=1, le=256, description="Local launcher: cores each worker is pinned to."
     )
     kvCacheGiB: float = Field(
-        default=2.0, gt=0, le=1024, description="KV cache per worker (VLLM_CPU_KVCACHE_SPACE on CPU)."
+        default=2.0, gt=0, le=1024, description="KV cache per worker on CPU workers (VLLM_CPU_KVCACHE_SPACE); on GPU "
+        "workers vLLM sizes it from gpuMemoryUtilization."
+    )
+    gpuMemoryUtilization: float | None = Field(
+        default=None, gt=0, le=1, description="GPU workers: the share of each GPU's memory vLLM may use (weights, "
+        "activations, KV cache); unset = vLLM's default (0.9). Not used on CPU workers."
     )
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment for workers.")
+
+    @property
+    def gpus_requested(self) -> int:
+        """GPUs the pool's ``resources`` ask for per worker (``nvidia.com/gpu``), 0 if none."""
+        value = self.resources.limits.get(GPU_RESOURCE, self.resources.requests.get(GPU_RESOURCE, 0))
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            return 0
+
+    @property
+    def gpus_per_worker(self) -> int:
+        """GPUs one worker of this pool runs on: what ``resources`` asks for, else its tensor-parallel size."""
+        return self.gpus_requested or self.tensorParallelSize
+
+    @model_validator(mode="after")
+    def _gpus_cover_tp(self) -> PoolSpec:
+        if self.gpus_requested and self.gpus_requested < self.tensorParallelSize:
+            raise ValueError(f"resources ask for {self.gpus_requested} {GPU_RESOURCE} per worker but tensorParallelSize "
+                             f"is {self.tensorParallelSize}: each worker needs at least as many GPUs as its TP size")
+        return self
 
     @field_validator("args")
     @classmethod
@@ -215,7 +244,10 @@ class RouterSpec(_Frozen):
 class KvTransferSpec(_Frozen):
     connector: Literal["NixlConnector"] = "NixlConnector"
     backends: tuple[Literal["UCX", "LIBFABRIC", "GDS", "POSIX"], ...] = ("UCX",)
-    bufferDevice: Literal["cpu", "cuda"] = "cpu"
+    bufferDevice: Literal["auto", "cpu", "cuda"] = Field(
+        default="auto", description="Where KV blocks are registered for transfer: auto = cuda on GPU workers, cpu on "
+        "CPU workers; cuda forces GPU workers (GPU-to-GPU transfer)."
+    )
     kvLeaseDurationS: int = Field(
         default=30, ge=1, le=3600, description="How long a prefiller holds KV blocks no decoder has pulled."
     )
@@ -266,6 +298,10 @@ class KvCacheOffloadingSpec(_Frozen):
 class LocalSpec(_Frozen):
     """Where the local launcher puts workers: ports and the run directory."""
 
+    device: Literal["auto", "cpu", "gpu"] = Field(
+        default="auto", description="What the workers compute on: auto = the node's NVIDIA GPUs when it has some and "
+        "the CUDA engine (vllm) is installed, else CPU cores; gpu / cpu force one (an error if impossible)."
+    )
     workerBasePort: int = Field(default=8100, ge=1024, le=65000)
     sideChannelBasePort: int = Field(default=5600, ge=1024, le=65000)
     runDir: str | None = Field(default=None, description="Worker logs; default ~/.cache/dpd/runs/<time>.")

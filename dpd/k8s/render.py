@@ -36,6 +36,7 @@ from dpd.k8s.workers import (
     pod_template,
     worker_key_env,
 )
+from dpd.launch.plan import pool_is_gpu
 from dpd.router.app import WORKER_KEY_ENV
 
 DPD_IMAGE = "dpd:0.1.0"
@@ -201,7 +202,9 @@ def config_hash(public: dict[str, Any], secrets: dict[str, Any]) -> str:
 def _images(config: InferenceEndpointConfig, options: RenderOptions) -> dict[str, str]:
     worker = options.worker_image or (config.spec.worker or {}).get("image")
     if not worker:
-        worker = options.dpd_image if config.spec.pdSpec.kvTransferSpec.bufferDevice == "cpu" else VLLM_GPU_IMAGE
+        pd = config.spec.pdSpec
+        is_gpu = any(pool_is_gpu(config, pool) for pool in (pd.prefillSpec, pd.decodingSpec))
+        worker = VLLM_GPU_IMAGE if is_gpu else options.dpd_image
     return {"dpd": options.dpd_image, "worker": worker}
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from dpd.config.model import InferenceEndpointConfig, PoolSpec
 from dpd.k8s.security import POD_SECURITY, container_security, home_volume
-from dpd.launch.plan import KV_ROLES, vllm_args
+from dpd.launch.plan import KV_ROLES, pool_is_gpu, vllm_args
 from dpd.models.bundled import BUNDLED_DIR_NAME, PREPARATION_VERSION
 
 WORKER_HTTP_PORT = 8000
@@ -93,7 +93,7 @@ def worker_env(config: InferenceEndpointConfig, pool: PoolSpec) -> list[dict[str
         {"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": str(SIDE_CHANNEL_PORT)},
         {"name": "UCX_RCACHE_MAX_UNRELEASED", "value": "1024"},
     ]
-    if kv.bufferDevice == "cpu":
+    if not pool_is_gpu(config, pool):
         env.append({"name": "VLLM_CPU_KVCACHE_SPACE", "value": f"{pool.kvCacheGiB:g}"})
         if kv.nixlProgressDelayUs > 0:
             env += [
@@ -108,7 +108,7 @@ def worker_env(config: InferenceEndpointConfig, pool: PoolSpec) -> list[dict[str
 
 def worker_args(config: InferenceEndpointConfig, pool_name: str, pool: PoolSpec) -> list[str]:
     args = vllm_args(config, pool, model=model_argument(config), host="0.0.0.0", port=WORKER_HTTP_PORT,
-                     kv_role=KV_ROLES[pool_name])
+                     kv_role=KV_ROLES[pool_name], is_gpu=pool_is_gpu(config, pool))
     # On SIGTERM vLLM finishes in-flight requests for up to this long instead of aborting them.
     args += ["--shutdown-timeout", str(drain_seconds(config))]
     return args + list(pool.args)

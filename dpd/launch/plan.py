@@ -8,17 +8,27 @@ ranks of one worker must not collide with the next.
 
 In colocated mode the same workers run as independent full servers: no KV transfer config and
 all of them in the router's decode pool. It is the baseline every benchmark compares against.
+
+Devices (``choose_devices``): on CPU every worker is pinned to ``cpusPerWorker`` cores and gets
+vLLM-CPU's settings; on a node with NVIDIA GPUs (and the CUDA engine installed) every worker
+gets ``gpus_per_worker`` GPUs of its own (``CUDA_VISIBLE_DEVICES``, prefill workers first,
+contiguous so a tensor-parallel group shares NVLink where the node has it), its KV buffer on the
+GPU, and UCX transports that move KV between local GPUs by CUDA IPC (NVLink or PCIe peer).
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
+import shutil
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
-from dpd.config.model import InferenceEndpointConfig, PoolSpec
+from dpd.config.model import GPU_RESOURCE, InferenceEndpointConfig, PoolSpec
 
 SIDE_CHANNEL_STRIDE = 8
 WORKER_SITE_DIR = Path(__file__).parent / "worker_site"
@@ -35,13 +45,114 @@ class WorkerPlan:
     kv_role: str | None  # "kv_producer" | "kv_consumer" | None (colocated)
     port: int
     side_channel_port: int
-    cores: tuple[int, ...]
+    cores: tuple[int, ...]  # CPU workers: the cores it is pinned to; () on GPU workers
     command: tuple[str, ...]
     env: tuple[tuple[str, str], ...]
+    gpus: tuple[str, ...] = ()  # GPU workers: its GPUs (CUDA_VISIBLE_DEVICES)
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def devices(self) -> str:
+        """What it computes on, for logs and ``--dry-run``."""
+        if self.gpus:
+            return f"GPU{'s' if len(self.gpus) > 1 else ''} {','.join(self.gpus)}"
+        return f"cores {','.join(map(str, self.cores))}"
+
+
+# -- devices ---------------------------------------------------------------------------------------
+
+# Between GPUs of one node UCX moves KV by CUDA IPC (NVLink, else PCIe peer-to-peer); cuda_copy
+# stages what IPC cannot reach; sm/self/tcp carry UCX's own wire-up. A pool's env may override.
+GPU_UCX_TLS = "cuda_ipc,cuda_copy,sm,self,tcp"
+CUDA_ENGINE, CPU_ENGINE = "vllm", "vllm-cpu"
+
+
+@dataclass(frozen=True)
+class Devices:
+    """What a plan's workers compute on: ``kind`` and, for GPUs, the node's GPU ids to assign."""
+
+    kind: Literal["cpu", "gpu"]
+    gpus: tuple[str, ...] = ()
+    why: str = ""
+
+
+def detect_gpus() -> list[str]:
+    """The NVIDIA GPUs this process may use: ``CUDA_VISIBLE_DEVICES`` where set, else those
+    ``nvidia-smi`` lists; [] on a machine without them."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        ids = [g.strip() for g in visible.split(",") if g.strip()]
+        return [] if not ids or ids[0].startswith("-") else ids
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=20, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in out.splitlines() if line.strip().isdigit()]
+
+
+def installed_engine() -> str | None:
+    """Which vLLM build is installed: ``vllm`` (CUDA), ``vllm-cpu``, or None."""
+    for name in (CPU_ENGINE, CUDA_ENGINE):
+        try:
+            importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        return name
+    return None
+
+
+def _gpu_asks(config: InferenceEndpointConfig) -> list[str]:
+    pd = config.spec.pdSpec
+    asks = [f"pdSpec.{name}.resources {GPU_RESOURCE}" for name, pool in (("prefillSpec", pd.prefillSpec),
+                                                                        ("decodingSpec", pd.decodingSpec)) if pool.gpus_requested]
+    if pd.kvTransferSpec.bufferDevice == "cuda":
+        asks.append("pdSpec.kvTransferSpec.bufferDevice: cuda")
+    return asks
+
+
+def choose_devices(config: InferenceEndpointConfig, *, gpus: list[str], engine: str | None) -> Devices:
+    """CPU or GPU workers for this config on a node with ``gpus`` and ``engine`` installed (see
+    ``pdSpec.local.device``); a clear ``PlanError`` where the config cannot run here."""
+    wanted = config.spec.pdSpec.local.device
+    asks = _gpu_asks(config)
+    found = f"{len(gpus)} NVIDIA GPU{'s' if len(gpus) != 1 else ''}" if gpus else "no NVIDIA GPU"
+    if wanted == "cpu":
+        if asks:
+            raise PlanError(f"pdSpec.local.device is cpu but the config asks for GPUs ({'; '.join(asks)})")
+        return Devices("cpu", why="pdSpec.local.device: cpu")
+    if gpus and engine != CPU_ENGINE:
+        return Devices("gpu", tuple(gpus), why=f"{found} ({', '.join(gpus)})")
+    if wanted == "gpu" or asks:
+        reason = "pdSpec.local.device: gpu" if wanted == "gpu" else "the config asks for GPUs (" + "; ".join(asks) + ")"
+        if not gpus:
+            raise PlanError(f"{reason}, but this machine has {found} (nvidia-smi lists none, or CUDA_VISIBLE_DEVICES "
+                            "hides them); run it on a GPU node, or render it for a cluster with `dpd render`")
+        raise PlanError(f"{reason}, but the installed engine is vllm-cpu; install the CUDA engine with "
+                        "`DPD_ENGINE=gpu make install`")
+    if gpus:
+        return Devices("cpu", why=f"{found}, but the installed engine is vllm-cpu (`DPD_ENGINE=gpu make install` "
+                                  "installs the CUDA one)")
+    return Devices("cpu", why=found)
+
+
+def _assign_gpus(pools: list[tuple[str, PoolSpec]], gpus: tuple[str, ...]) -> list[tuple[str, ...]]:
+    need = sum(pool.replicas * pool.gpus_per_worker for _, pool in pools)
+    if need > len(gpus):
+        detail = ", ".join(f"{name} {pool.replicas} × {pool.gpus_per_worker}" for name, pool in pools if pool.replicas)
+        raise PlanError(f"the config asks for {need} GPUs ({detail} per worker) but this machine has {len(gpus)} "
+                        f"({', '.join(gpus) or 'none'}); lower replicas or tensorParallelSize")
+    assigned, next_gpu = [], 0
+    for _, pool in pools:
+        for _ in range(pool.replicas):
+            assigned.append(gpus[next_gpu:next_gpu + pool.gpus_per_worker])
+            next_gpu += pool.gpus_per_worker
+    return assigned
 
 
 def available_cores() -> list[int]:
@@ -71,12 +182,23 @@ def dtype_args(pool_args: tuple[str, ...], has_native_bf16: bool) -> list[str]:
     return ["--dtype", "float32"]
 
 
-def kv_transfer_config(config: InferenceEndpointConfig, kv_role: str) -> dict:
+def kv_buffer_device(config: InferenceEndpointConfig, is_gpu: bool) -> str:
+    """The KV buffer's device: the config's, where ``auto`` is ``cuda`` on GPU workers."""
+    device = config.spec.pdSpec.kvTransferSpec.bufferDevice
+    return ("cuda" if is_gpu else "cpu") if device == "auto" else device
+
+
+def pool_is_gpu(config: InferenceEndpointConfig, pool: PoolSpec) -> bool:
+    """On a cluster: whether a pool's workers are GPU workers (it asks for GPUs, or KV buffers on cuda)."""
+    return bool(pool.gpus_requested) or config.spec.pdSpec.kvTransferSpec.bufferDevice == "cuda"
+
+
+def kv_transfer_config(config: InferenceEndpointConfig, kv_role: str, buffer_device: str) -> dict:
     kv = config.spec.pdSpec.kvTransferSpec
     return {
         "kv_connector": kv.connector,
         "kv_role": kv_role,
-        "kv_buffer_device": kv.bufferDevice,
+        "kv_buffer_device": buffer_device,
         "kv_load_failure_policy": kv.kvLoadFailurePolicy,
         "kv_connector_extra_config": {
             "backends": list(kv.backends),
@@ -90,7 +212,7 @@ KV_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}  # a pool's NIXL 
 
 
 def vllm_args(config: InferenceEndpointConfig, pool: PoolSpec, *, model: str, host: str, port: int,
-              kv_role: str | None) -> list[str]:
+              kv_role: str | None, is_gpu: bool = False) -> list[str]:
     """The vLLM server arguments of one worker, before the pool's own ``args`` — the one
     builder the local launcher and the Kubernetes renderer share."""
     spec = config.spec
@@ -103,13 +225,19 @@ def vllm_args(config: InferenceEndpointConfig, pool: PoolSpec, *, model: str, ho
     ]
     if pool.tensorParallelSize > 1:
         args += ["--tensor-parallel-size", str(pool.tensorParallelSize)]
+    if is_gpu and pool.gpuMemoryUtilization is not None:
+        args += ["--gpu-memory-utilization", f"{pool.gpuMemoryUtilization:g}"]
     if kv_role is not None:
-        args += ["--kv-transfer-config", json.dumps(kv_transfer_config(config, kv_role), separators=(",", ":"), sort_keys=True)]
+        kv_config = kv_transfer_config(config, kv_role, kv_buffer_device(config, is_gpu))
+        args += ["--kv-transfer-config", json.dumps(kv_config, separators=(",", ":"), sort_keys=True)]
     return args
 
 
-def _nixl_env(config: InferenceEndpointConfig) -> dict[str, str]:
+def _nixl_env(config: InferenceEndpointConfig, is_gpu: bool) -> dict[str, str]:
     env = {"UCX_RCACHE_MAX_UNRELEASED": "1024"}  # what vLLM asks for; it cannot set it itself once NIXL is imported
+    if is_gpu:
+        # No progress-delay shim on GPUs: a GPU node has cores to spare for NIXL's progress thread.
+        return {**env, "UCX_TLS": GPU_UCX_TLS}
     delay_us = config.spec.pdSpec.kvTransferSpec.nixlProgressDelayUs
     if delay_us > 0:
         # worker_site/sitecustomize.py applies it: NIXL hard-codes 0, a spinning thread (docs/pd-stall.md).
@@ -136,20 +264,24 @@ def plan_workers(
     cores: list[int] | None = None,
     python: str = sys.executable,
     has_native_bf16: bool | None = None,
+    devices: Devices | None = None,
 ) -> list[WorkerPlan]:
+    """The workers of ``config``; ``devices`` from ``choose_devices`` (default: CPU workers)."""
     spec = config.spec
+    devices = devices or Devices("cpu")
+    is_gpu = devices.kind == "gpu"
     if has_native_bf16 is None:
-        has_native_bf16 = cpu_has_native_bf16()
+        has_native_bf16 = is_gpu or cpu_has_native_bf16()
     pd = spec.pdSpec
-    if pd.kvCacheOffloadingSpec.is_enabled and pd.kvTransferSpec.bufferDevice == "cpu":
+    if pd.kvCacheOffloadingSpec.is_enabled and not is_gpu:
         raise PlanError(
-            "spec.pdSpec.kvCacheOffloadingSpec: KV-cache offloading needs GPU workers "
-            "(kvTransferSpec.bufferDevice: cuda); on vllm-cpu the KV cache already lives in CPU memory. "
-            "Remove kvCacheOffloadingSpec to run locally, or render it for a GPU cluster."
+            "spec.pdSpec.kvCacheOffloadingSpec: KV-cache offloading needs GPU workers; on vllm-cpu the KV cache "
+            "already lives in CPU memory. Remove kvCacheOffloadingSpec to run on CPUs, or run it on a GPU node."
         )
     cores = cores if cores is not None else available_cores()
     pools = [("prefill", pd.prefillSpec), ("decode", pd.decodingSpec)]
-    core_sets = _assign_cores(pools, cores)
+    core_sets = _assign_cores(pools, cores) if not is_gpu else [() for _, pool in pools for _ in range(pool.replicas)]
+    gpu_sets = _assign_gpus(pools, devices.gpus) if is_gpu else [() for _ in core_sets]
     local = pd.local
     stride = max(SIDE_CHANNEL_STRIDE, pd.prefillSpec.tensorParallelSize, pd.decodingSpec.tensorParallelSize)
     plans: list[WorkerPlan] = []
@@ -159,14 +291,18 @@ def plan_workers(
         for replica in range(pool.replicas):
             port = local.workerBasePort + index
             side_port = local.sideChannelBasePort + stride * index
-            worker_cores = core_sets[index]
+            worker_cores, worker_gpus = core_sets[index], gpu_sets[index]
             command = [python, "-m", "vllm.entrypoints.openai.api_server",
-                       *vllm_args(config, pool, model=model_path, host="127.0.0.1", port=port, kv_role=kv_role),
+                       *vllm_args(config, pool, model=model_path, host="127.0.0.1", port=port, kv_role=kv_role,
+                                  is_gpu=is_gpu),
                        *dtype_args(pool.args, has_native_bf16), *pool.args]
-            env = {
-                **(_nixl_env(config) if kv_role is not None else {}),
+            device_env = ({"CUDA_VISIBLE_DEVICES": ",".join(worker_gpus)} if is_gpu else {
                 "VLLM_CPU_KVCACHE_SPACE": f"{pool.kvCacheGiB:g}",
                 "VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in worker_cores),
+            })
+            env = {
+                **(_nixl_env(config, is_gpu) if kv_role is not None else {}),
+                **device_env,
                 "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
                 "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side_port),
                 **pool.env,
@@ -181,6 +317,7 @@ def plan_workers(
                     cores=worker_cores,
                     command=tuple(command),
                     env=tuple(sorted(env.items())),
+                    gpus=worker_gpus,
                 )
             )
             index += 1

@@ -13,21 +13,24 @@ Lifecycle:
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import secrets
+import shlex
 import signal
 import socket
 import sys
 import time
 from pathlib import Path
+from typing import TextIO
 
 import aiohttp
 
 from dpd.config.model import InferenceEndpointConfig
-from dpd.launch.plan import WorkerPlan, oversubscribed, plan_workers
+from dpd.launch.plan import Devices, WorkerPlan, choose_devices, detect_gpus, installed_engine, oversubscribed, plan_workers
 from dpd.launch.process import WorkerProcess
-from dpd.models.bundled import cache_root, resolve_model
+from dpd.models.bundled import bundled_model_dir, cache_root, resolve_model
 from dpd.router import WORKER_KEY_ENV, Router, RouterSettings, make_server
 
 log = logging.getLogger("dpd.serve")
@@ -97,11 +100,13 @@ class Endpoint:
     async def _run(self) -> int:
         spec = self.config.spec
         router_spec = spec.pdSpec.router
+        devices = choose_devices(self.config, gpus=await asyncio.to_thread(detect_gpus), engine=installed_engine())
+        self.say(f"devices: {'GPUs' if devices.kind == 'gpu' else 'CPU cores'} ({devices.why})")
         self.say(f"model: {spec.modelSourceConfig.modelSourceType} {spec.modelSourceConfig.modelLocation or ''}".rstrip())
         model_path = await asyncio.to_thread(resolve_model, spec.modelSourceConfig)
         if self._stop.is_set():  # Ctrl-C while the model was being prepared
             return 130
-        plans = plan_workers(self.config, model_path, is_colocated=self.is_colocated)
+        plans = plan_workers(self.config, model_path, is_colocated=self.is_colocated, devices=devices)
         ports = {p.port: f"{p.name} HTTP" for p in plans}
         if not self.is_colocated:
             ports.update({p.side_channel_port: f"{p.name} NIXL side channel" for p in plans})
@@ -116,7 +121,7 @@ class Endpoint:
             self.say("this CPU has no native bf16 (AVX512_BF16/AMX): workers run float32, several times faster here "
                      "(set --dtype in a pool's args to override)")
         for plan in plans:
-            self.say(f"  {plan.name}: port {plan.port}, cores {','.join(map(str, plan.cores))}, role {plan.kv_role or 'colocated'}")
+            self.say(f"  {plan.name}: port {plan.port}, {plan.devices}, role {plan.kv_role or 'colocated'}")
         # Workers serve their API only to the holder of this key (the router): nothing else on the
         # machine can send them requests, kv_transfer_params included. Kept in the run directory
         # (0600) for tools that talk to a worker directly.
@@ -291,3 +296,48 @@ class Endpoint:
 
 def serve(config: InferenceEndpointConfig, *, is_colocated: bool = False) -> int:
     return asyncio.run(Endpoint(config, is_colocated=is_colocated).run())
+
+
+def planned_model_path(config: InferenceEndpointConfig) -> str:
+    """Where ``--model`` will point, without preparing or checking anything (for ``--dry-run``)."""
+    source = config.spec.modelSourceConfig
+    if source.modelSourceType == "bundled":
+        return str(bundled_model_dir())
+    return str(Path(source.modelLocation or "").expanduser()) if source.modelSourceType == "local" else source.modelLocation or ""
+
+
+def dry_run(config: InferenceEndpointConfig, *, is_colocated: bool = False, gpus: list[str] | None = None,
+            as_json: bool = False, out: TextIO = sys.stdout) -> int:
+    """``dpd serve --dry-run``: print every worker's command line, environment, ports and devices,
+    and the router's address, starting nothing. ``gpus`` plans for a node with those GPUs (and the
+    CUDA engine) instead of this one."""
+    if gpus is None:
+        devices = choose_devices(config, gpus=detect_gpus(), engine=installed_engine())
+    else:
+        devices = choose_devices(config, gpus=gpus, engine="vllm" if gpus else None)
+        devices = Devices(devices.kind, devices.gpus, f"{devices.why}; from --gpus, not this machine")
+    plans = plan_workers(config, planned_model_path(config), is_colocated=is_colocated, devices=devices)
+    router = config.spec.pdSpec.router
+    mode = "colocated" if is_colocated else "disaggregated"
+    secret_env = {"VLLM_API_KEY": "<generated per run: only the router holds it>"}
+    if as_json:
+        json.dump({"name": config.metadata.name, "mode": mode, "devices": {"kind": devices.kind, "gpus": list(devices.gpus),
+                   "why": devices.why}, "router": {"host": router.host, "port": router.port,
+                   "policy": config.spec.pdSpec.routingPolicy},
+                   "workers": [{"name": p.name, "pool": p.pool, "kv_role": p.kv_role, "port": p.port,
+                                "side_channel_port": None if p.kv_role is None else p.side_channel_port,
+                                "cores": list(p.cores), "gpus": list(p.gpus), "command": list(p.command),
+                                "env": {**dict(p.env), **secret_env}} for p in plans]}, out, indent=1)
+        print(file=out)
+        return 0
+    print(f"# dpd serve --dry-run: the plan for {config.metadata.name!r} ({mode}, {config.spec.pdSpec.routingPolicy} "
+          "routing); nothing was started", file=out)
+    print(f"# devices: {'GPUs' if devices.kind == 'gpu' else 'CPU cores'} ({devices.why})", file=out)
+    print(f"# router: http://{router.host}:{router.port}/v1", file=out)
+    for p in plans:
+        side = "" if p.kv_role is None else f", NIXL side channel {p.side_channel_port}"
+        print(f"\n# {p.name}: {p.kv_role or 'colocated'}, port {p.port}{side}, {p.devices}", file=out)
+        for key, value in sorted({**dict(p.env), **secret_env}.items()):
+            print(f"{key}={shlex.quote(value)} \\", file=out)
+        print(shlex.join(p.command), file=out)
+    return 0

@@ -57,7 +57,7 @@ def test_reference_resource_fields_are_accepted():
         ({"pdSpec": {"kvTransferSpec": {"connector": "P2pNccl"}}},
          "spec.pdSpec.kvTransferSpec.connector: Input should be 'NixlConnector'"),
         ({"pdSpec": {"kvTransferSpec": {"bufferDevice": "tpu"}}},
-         "spec.pdSpec.kvTransferSpec.bufferDevice: Input should be 'cpu' or 'cuda'"),
+         "spec.pdSpec.kvTransferSpec.bufferDevice: Input should be 'auto', 'cpu' or 'cuda'"),
         ({"pdSpec": {"kvTransferSpec": {"backends": []}}},
          "spec.pdSpec.kvTransferSpec.backends: Value error, at least one backend is required"),
         ({"pdSpec": {"kvCacheOffloadingSpec": {"disk": {"path": "rel/dir", "sizeGiB": 1}}}},

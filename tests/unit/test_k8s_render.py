@@ -115,7 +115,7 @@ def test_workers_run_vllm_with_the_nixl_connector_and_their_role(pool, role):
     args = c["args"]
     kv = json.loads(args[args.index("--kv-transfer-config") + 1])
     # The very connector config the local launcher gives the same pool.
-    assert kv == kv_transfer_config(config, role)
+    assert kv == kv_transfer_config(config, role, "cpu")
     assert kv["kv_connector"] == "NixlConnector" and kv["kv_role"] == role
     assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"http": 8000, "nixl": 5600}
     assert env(c)["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5600"

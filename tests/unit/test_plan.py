@@ -6,7 +6,7 @@ import os
 import pytest
 
 from dpd.config import parse_config
-from dpd.launch.plan import SIDE_CHANNEL_STRIDE, PlanError, oversubscribed, plan_workers
+from dpd.launch.plan import SIDE_CHANNEL_STRIDE, Devices, PlanError, oversubscribed, plan_workers
 
 MODEL = "/models/smol"
 
@@ -174,8 +174,9 @@ def test_kv_offloading_on_cpu_is_a_plan_error(offload, is_colocated):
     ],
 )
 def test_kv_offloading_allowed_when_disabled_or_on_gpu(pd):
-    plans = plan(config(**pd))
-    assert [kv_config(p)["kv_buffer_device"] for p in plans] == [pd.get("kvTransferSpec", {}).get("bufferDevice", "cpu")] * 2
+    is_gpu = "kvTransferSpec" in pd
+    plans = plan(config(**pd), devices=Devices("gpu", ("0", "1")) if is_gpu else None)
+    assert [kv_config(p)["kv_buffer_device"] for p in plans] == ["cuda" if is_gpu else "cpu"] * 2
 
 
 @pytest.mark.parametrize("tp, expected", [(1, None), (2, "2"), (4, "4")])

@@ -1,0 +1,86 @@
+"""Every GPU worker command dpd plans (``dpd serve`` on a GPU node) or renders (``dpd render``)
+is parsed by vLLM's own ``vllm serve`` argument parser, and its KV-transfer config is built by
+vLLM's own config class — no GPU needed: a command that would not start on a GPU node fails here."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dpd.config import load_config
+from dpd.k8s.render import render
+from dpd.launch.plan import Devices, plan_workers
+
+GPU_EXAMPLES = sorted(str(p) for p in Path("examples").glob("gpu-*.yaml"))
+
+
+@pytest.fixture(scope="module")
+def vllm_parse():
+    pytest.importorskip("vllm")
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = make_arg_parser(FlexibleArgumentParser())
+
+    def parse(argv):
+        namespace = parser.parse_args(list(argv))  # an unknown flag or bad value exits (SystemExit)
+        validate_parsed_serve_args(namespace)
+        return namespace, AsyncEngineArgs.from_cli_args(namespace)
+
+    return parse
+
+
+def planned(path):
+    config = load_config(path)
+    num_gpus = sum(pool.replicas * pool.gpus_per_worker
+                   for pool in (config.spec.pdSpec.prefillSpec, config.spec.pdSpec.decodingSpec))
+    return config, plan_workers(config, "/models/m", python="py", devices=Devices("gpu", tuple(map(str, range(num_gpus)))))
+
+
+def rendered_workers(path):
+    docs = [d for d in render(yaml.safe_load(Path(path).read_text())) if d and d.get("kind") == "Deployment"]
+    return [d for d in docs if d["spec"]["template"]["spec"]["containers"][0]["name"] == "vllm"]
+
+
+def test_there_are_gpu_examples():
+    assert len(GPU_EXAMPLES) >= 3, GPU_EXAMPLES
+
+
+@pytest.mark.parametrize("path", GPU_EXAMPLES)
+def test_planned_gpu_workers_parse(vllm_parse, path):
+    config, plans = planned(path)
+    for plan in plans:
+        assert plan.command[1:3] == ("-m", "vllm.entrypoints.openai.api_server")
+        namespace, engine = vllm_parse(plan.command[3:])
+        pool = config.spec.pdSpec.prefillSpec if plan.pool == "prefill" else config.spec.pdSpec.decodingSpec
+        assert engine.tensor_parallel_size == pool.tensorParallelSize
+        assert namespace.port == plan.port
+        kv = engine.kv_transfer_config
+        assert (kv.kv_connector, kv.kv_role, kv.kv_buffer_device) == ("NixlConnector", plan.kv_role, "cuda")
+        if pool.gpuMemoryUtilization is not None:
+            assert engine.gpu_memory_utilization == pool.gpuMemoryUtilization
+        assert len(plan.gpus) == pool.gpus_per_worker
+
+
+@pytest.mark.parametrize("path", GPU_EXAMPLES)
+def test_rendered_gpu_workers_parse(vllm_parse, path):
+    deployments = rendered_workers(path)
+    assert deployments
+    for deployment in deployments:
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        assert container["command"][1:] == ["-m", "vllm.entrypoints.openai.api_server"]
+        _, engine = vllm_parse(container["args"])
+        assert engine.kv_transfer_config.kv_connector == "NixlConnector"
+        assert engine.kv_transfer_config.kv_buffer_device == "cuda"
+
+
+def test_a_bad_pool_arg_is_caught_by_the_parser(vllm_parse):
+    config, plans = planned(GPU_EXAMPLES[0])
+    with pytest.raises(SystemExit):
+        vllm_parse([*plans[0].command[3:], "--no-such-vllm-flag", "1"])
+
+
+def test_examples_render_as_yaml():
+    for path in GPU_EXAMPLES:
+        assert yaml.safe_dump_all(render(yaml.safe_load(Path(path).read_text())))
