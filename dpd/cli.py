@@ -85,7 +85,16 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         f"{pd.prefillSpec.replicas} prefill + {pd.decodingSpec.replicas} decode worker(s), "
         f"{pd.routingPolicy} routing, threshold {pd.routingThreshold} tokens"
     )
+    warn_not_applied(config, "dpd validate")
     return 0
+
+
+def warn_not_applied(config, command: str) -> None:
+    """Every accepted-but-not-applied field of the reference resource, once each, on stderr."""
+    from dpd.config.reference import not_applied
+
+    for line in not_applied(config):
+        print(f"{command}: warning: {line}", file=sys.stderr)
 
 
 def _gpu_list(text: str) -> list[str]:
@@ -104,6 +113,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from dpd.models.bundled import ModelError
 
     config = with_overrides(load_config(args.file), args)
+    warn_not_applied(config, "dpd serve")
     try:
         if args.dry_run or args.json:
             from dpd.launch.serve import dry_run
@@ -140,7 +150,17 @@ def _cmd_route(args: argparse.Namespace) -> int:
     from dpd.router import Router, make_server
 
     settings = route_settings(args)
-    server = make_server(Router(settings), settings.spec.host, settings.spec.port, is_embedded=False)
+    tls = None
+    if bool(args.tls_cert) != bool(args.tls_key):
+        print("dpd route: --tls-cert and --tls-key go together", file=sys.stderr)
+        return 2
+    if args.tls_cert:
+        tls = (args.tls_cert, args.tls_key)
+    elif args.config:
+        from dpd.config.model import tls_files
+
+        tls = tls_files(load_config(args.config).spec)
+    server = make_server(Router(settings), settings.spec.host, settings.spec.port, is_embedded=False, tls=tls)
     asyncio.run(server.serve())
     return 0
 
@@ -336,6 +356,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefill", action="append", default=[], metavar="URL", help="prefill worker (repeatable)")
     p.add_argument("--decode", action="append", required=True, metavar="URL", help="decode worker (repeatable)")
     p.add_argument("--tokenizer", required=True, help="model directory or hub id whose tokenizer counts tokens")
+    p.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM; with --tls-key)")
+    p.add_argument("--tls-key", help="the certificate's private key (PEM)")
     p.add_argument("--config", help="take the router settings, tenants, model name and threshold from this config file")
     p.add_argument("--model-name", default="smollm2-135m", help="served model name the workers use")
     p.add_argument("--max-model-len", type=int, default=8192)

@@ -198,7 +198,7 @@ class RouterSpec(_Frozen):
 
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)
-    picker: Literal["least-outstanding", "power-of-two"] = "least-outstanding"
+    picker: Literal["least-outstanding", "power-of-two", "round-robin"] = "least-outstanding"
     prefillTimeoutS: float = Field(
         default=120.0, gt=0, description="Deadline of the prefill hop (an 8k-token CPU prefill takes ~45 s)."
     )
@@ -224,6 +224,10 @@ class RouterSpec(_Frozen):
         "a 503 at once (bounds what slow or flooding clients can hold)."
     )
     admission: AdmissionSpec = Field(default_factory=AdmissionSpec)
+    overflowStatusCode: Literal[429, 503] = Field(
+        default=429, description="The status of a request shed by admission control (a full queue or a wait past "
+        "queueTimeoutS), with Retry-After."
+    )
     breaker: BreakerSpec = Field(default_factory=BreakerSpec)
     retry: RetrySpec = Field(default_factory=RetrySpec)
     migration: MigrationSpec = Field(default_factory=MigrationSpec)
@@ -338,19 +342,162 @@ class PdSpec(_Frozen):
         return self
 
 
-class ModelSourceConfig(_Frozen):
-    """Where the weights come from: the bundled SmolLM2, a local directory, or a hub id."""
+class S3Storage(_Frozen):
+    bucketName: str = Field(min_length=3)
+    region: str | None = None
 
-    modelSourceType: Literal["bundled", "local", "hub"] = "bundled"
-    modelLocation: str | None = None
+
+class FsxStorage(_Frozen):
+    fileSystemId: str = Field(min_length=1)
+    dnsName: str | None = None
+    mountName: str | None = None
+
+
+class SecretKeyRef(_Frozen):
+    name: str = Field(min_length=1)
+    key: str = "token"
+    optional: bool | None = None
+
+
+class HuggingFaceModel(_Frozen):
+    modelId: str | None = None
+    commitSHA: str | None = None
+    tokenSecretRef: SecretKeyRef | None = None
+
+
+# The reference resource's sources (s3, fsx, huggingface, kubernetesVolume) and dpd's own.
+ModelSourceType = Literal["bundled", "local", "hub", "huggingface", "s3", "fsx", "kubernetesVolume"]
+CLUSTER_ONLY_SOURCES = ("s3", "fsx", "kubernetesVolume")
+
+
+class ModelSourceConfig(_Frozen):
+    """Where the weights come from: the bundled SmolLM2, a local directory, the Hugging Face hub
+    (``hub``, or the reference's ``huggingface``), an S3 prefix, an FSx for Lustre file system or a
+    Kubernetes volume (the last three on a cluster)."""
+
+    modelSourceType: ModelSourceType = "bundled"
+    modelLocation: str | None = Field(default=None, description="Hub id, absolute path, or the path inside the S3 "
+                                      "prefix / file system / volume.")
+    s3Storage: S3Storage | None = None
+    fsxStorage: FsxStorage | None = None
+    huggingFaceModel: HuggingFaceModel | None = None
+    prefetchEnabled: bool = Field(default=False, description="Accepted from the reference resource; dpd fetches the "
+                                  "model before the worker starts either way (an init container on a cluster).")
 
     @model_validator(mode="after")
     def _location_matches_type(self) -> ModelSourceConfig:
-        if self.modelSourceType == "bundled" and self.modelLocation:
+        kind = self.modelSourceType
+        if kind == "bundled" and self.modelLocation:
             raise ValueError("modelLocation must be empty when modelSourceType is 'bundled'")
-        if self.modelSourceType != "bundled" and not self.modelLocation:
-            raise ValueError(f"modelLocation is required when modelSourceType is {self.modelSourceType!r}")
+        if kind == "s3" and self.s3Storage is None:
+            raise ValueError("s3Storage (bucketName, region) is required when modelSourceType is 's3'")
+        if kind == "fsx" and self.fsxStorage is None:
+            raise ValueError("fsxStorage (fileSystemId, dnsName, mountName) is required when modelSourceType is 'fsx'")
+        if kind == "huggingface" and not (self.modelLocation or (self.huggingFaceModel and self.huggingFaceModel.modelId)):
+            raise ValueError("huggingFaceModel.modelId (or modelLocation) is required when modelSourceType is 'huggingface'")
+        if kind in ("local", "hub") and not self.modelLocation:
+            raise ValueError(f"modelLocation is required when modelSourceType is {kind!r}")
         return self
+
+    @property
+    def hub_id(self) -> str | None:
+        """The hub id for ``hub`` and ``huggingface`` sources."""
+        if self.modelSourceType == "hub":
+            return self.modelLocation
+        if self.modelSourceType == "huggingface":
+            return (self.huggingFaceModel.modelId if self.huggingFaceModel and self.huggingFaceModel.modelId
+                    else self.modelLocation)
+        return None
+
+    @property
+    def revision(self) -> str | None:
+        return self.huggingFaceModel.commitSHA if self.huggingFaceModel else None
+
+
+class RequestLimits(_Frozen):
+    """The reference's per-worker request limits, applied as dpd's admission control."""
+
+    maxConcurrentRequests: int | None = Field(default=None, ge=1)
+    maxQueueSize: int | None = Field(default=None, ge=0)
+    overflowStatusCode: Literal[429, 503] | None = None
+
+
+class ModelVolumeMount(_Frozen):
+    name: str = Field(min_length=1)
+    mountPath: str = Field(min_length=1)
+
+
+class WorkerSpec(_Frozen):
+    """The reference's ``worker`` section: the inference container."""
+
+    image: str | None = Field(default=None, description="The worker image (cluster); default: dpd's for CPU, vLLM's for GPU.")
+    args: tuple[str, ...] = ()
+    command: tuple[str, ...] = ()
+    environmentVariables: tuple[dict[str, Any], ...] = ()
+    modelInvocationPort: dict[str, Any] | None = None
+    modelVolumeMount: ModelVolumeMount | None = None
+    probes: dict[str, Any] | None = None
+    requestLimits: RequestLimits | None = None
+    resources: ResourceRequirements | None = None
+    workingDir: str | None = None
+
+
+class TlsConfig(_Frozen):
+    """HTTPS on the router. dpd's own: ``certFile``/``keyFile`` (local) or ``secretName`` (a
+    ``kubernetes.io/tls`` Secret, e.g. cert-manager's, on a cluster). The reference's ACM and S3
+    fields are accepted and reported as not applied."""
+
+    certFile: str | None = None
+    keyFile: str | None = None
+    secretName: str | None = None
+    customCertificateConfig: dict[str, Any] | None = None
+    tlsCertificateOutputS3Uri: str | None = None
+
+    @model_validator(mode="after")
+    def _pair(self) -> TlsConfig:
+        if bool(self.certFile) != bool(self.keyFile):
+            raise ValueError("certFile and keyFile go together")
+        return self
+
+
+# Where the router pod mounts a tlsConfig.secretName Secret (kubernetes.io/tls: tls.crt, tls.key).
+CLUSTER_TLS_DIR = "/etc/dpd/tls"
+
+
+def tls_files(spec: EndpointSpec, *, on_cluster: bool = False) -> tuple[str, str] | None:
+    """The router's (certificate, key) files, or None to serve plain HTTP."""
+    tls = spec.tlsConfig
+    if tls is None:
+        return None
+    if on_cluster:
+        return (f"{CLUSTER_TLS_DIR}/tls.crt", f"{CLUSTER_TLS_DIR}/tls.key") if tls.secretName else None
+    return (tls.certFile, tls.keyFile) if tls.certFile and tls.keyFile else None
+
+
+class MetricsSpec(_Frozen):
+    enabled: bool = Field(default=True, description="Render the ServiceMonitor (cluster).")
+    metricsScrapeIntervalSeconds: int = Field(default=15, ge=1, le=3600)
+    modelMetrics: dict[str, Any] | None = None
+
+
+class KvCacheSpec(_Frozen):
+    """The reference's KV cache tiers: L1 = CPU memory on the node, L2 = a remote or local store."""
+
+    enableL1Cache: bool = True
+    enableL2Cache: bool = False
+    l2CacheSpec: dict[str, Any] | None = None
+    cacheConfigFile: str | None = None
+
+
+class IntelligentRoutingSpec(_Frozen):
+    enabled: bool = False
+    routingStrategy: Literal["prefixaware", "kvaware", "session", "roundrobin"] | None = None
+    autoScalingSpec: dict[str, Any] | None = None
+
+
+class LoadBalancerSpec(_Frozen):
+    healthCheckPath: str | None = None
+    routingAlgorithm: Literal["least_outstanding_requests", "round_robin"] | None = None
 
 
 class EndpointSpec(_Frozen):
@@ -358,13 +505,55 @@ class EndpointSpec(_Frozen):
     modelSourceConfig: ModelSourceConfig = Field(default_factory=ModelSourceConfig)
     maxModelLen: int = Field(default=8192, ge=16, le=1_048_576)
     pdSpec: PdSpec = Field(default_factory=PdSpec)
-    # Reference-resource fields that mean nothing on one machine; kept for render.
+    # The reference resource's other fields: each applied, or reported by ``reference.not_applied``.
     instanceType: str | None = None
+    instanceTypes: tuple[str, ...] = ()
     endpointName: str | None = None
-    worker: dict[str, Any] | None = None
+    modelVersion: str | None = None
+    worker: WorkerSpec | None = None
+    tlsConfig: TlsConfig | None = None
+    metrics: MetricsSpec | None = None
+    kvCacheSpec: KvCacheSpec | None = None
+    intelligentRoutingSpec: IntelligentRoutingSpec | None = None
+    loadBalancer: LoadBalancerSpec | None = None
+    replicas: int | None = Field(default=None, ge=0)
+    InitialReplicaCount: int | None = Field(default=None, ge=0)
+    maxDeployTimeInSeconds: int | None = Field(default=None, ge=1)
+    invocationEndpoint: str | None = None
+    autoScalingSpec: dict[str, Any] | None = None
+    dataCapture: dict[str, Any] | None = None
+    dnsConfig: dict[str, Any] | None = None
+    kubernetes: dict[str, Any] | None = None
+    nodeAffinity: dict[str, Any] | None = None
+    tags: tuple[dict[str, Any], ...] = ()
     tenants: tuple[TenantSpec, ...] = Field(
         default=(), description="API tenants; when set, every inference request needs a tenant's key (401 otherwise)."
     )
+
+    @model_validator(mode="after")
+    def _apply_reference_fields(self) -> EndpointSpec:
+        """The reference resource's routing and request-limit fields, as dpd's own settings where
+        the config does not set those itself (``dpd.config.reference`` lists what is not applied)."""
+        router = self.pdSpec.router
+        update: dict[str, Any] = {}
+        if "picker" not in router.model_fields_set and (picker := reference_picker(self)):
+            update["picker"] = picker
+        limits = self.worker.requestLimits if self.worker else None
+        if limits and limits.maxConcurrentRequests and not (router.admission.prefill or router.admission.decode):
+            per_worker, queue = limits.maxConcurrentRequests, limits.maxQueueSize
+
+            def pool_gate(pool: PoolSpec) -> PoolAdmissionSpec | None:
+                if pool.replicas < 1:
+                    return None
+                return PoolAdmissionSpec(maxInFlight=per_worker * pool.replicas,
+                                         **({"maxQueue": queue} if queue is not None else {}))
+            update["admission"] = AdmissionSpec(prefill=pool_gate(self.pdSpec.prefillSpec), decode=pool_gate(self.pdSpec.decodingSpec))
+        if limits and limits.overflowStatusCode and "overflowStatusCode" not in router.model_fields_set:
+            update["overflowStatusCode"] = limits.overflowStatusCode
+        if not update:
+            return self
+        new_router = router.model_copy(update=update)
+        return self.model_copy(update={"pdSpec": self.pdSpec.model_copy(update={"router": new_router})})
 
     @model_validator(mode="after")
     def _tenants_consistent(self) -> EndpointSpec:
@@ -392,6 +581,22 @@ class EndpointSpec(_Frozen):
         if not shared_decoders and any(not any(w.startswith("decode-") for w in t.dedicatedWorkers) for t in self.tenants):
             raise ValueError("tenants: every decoder is dedicated, so a tenant without dedicated decoders could not be served")
         return self
+
+
+# The reference's routing fields → dpd's pickers. prefixaware / kvaware / session have no picker
+# yet (prefix-aware routing is still to come): least-outstanding serves them, and
+# ``dpd.config.reference`` says so.
+REFERENCE_PICKERS = {"roundrobin": "round-robin", "round_robin": "round-robin",
+                     "least_outstanding_requests": "least-outstanding"}
+
+
+def reference_picker(spec: EndpointSpec) -> str | None:
+    routing = spec.intelligentRoutingSpec
+    if routing and routing.enabled and routing.routingStrategy:
+        return REFERENCE_PICKERS.get(routing.routingStrategy, "least-outstanding")
+    if spec.loadBalancer and spec.loadBalancer.routingAlgorithm:
+        return REFERENCE_PICKERS[spec.loadBalancer.routingAlgorithm]
+    return None
 
 
 class Metadata(_Frozen):

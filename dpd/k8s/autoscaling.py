@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dpd.config.model import PoolSpec
+from dpd.config.reference import REFERENCE_SCALING_ONLY
 
 # metric name → (custom-metric name the adapter serves, Prometheus series, default target)
 METRICS: dict[str, dict[str, tuple[str, str, float]]] = {
@@ -32,7 +33,8 @@ METRICS: dict[str, dict[str, tuple[str, str, float]]] = {
     },
 }
 POOL_KEYS = {"prefill": "prefillAutoScaling", "decode": "decodingAutoScaling"}
-_FIELDS = {"minReplicaCount", "maxReplicaCount", "pollingInterval", "cooldownPeriod", "metric", "targetValue"}
+_FIELDS = {"minReplicaCount", "maxReplicaCount", "pollingInterval", "cooldownPeriod", "metric", "targetValue",
+           "scaleDownStabilizationTime"}  # the reference's name for the scale-down window, where cooldownPeriod is unset
 
 
 class RenderError(ValueError):
@@ -80,7 +82,7 @@ def parse_autoscaling(spec: dict[str, Any] | None, pools: dict[str, PoolSpec]) -
         if not isinstance(section, dict):
             problems.append(f"{path}: expected a mapping")
             continue
-        for extra in sorted(set(section) - _FIELDS):
+        for extra in sorted(set(section) - _FIELDS - REFERENCE_SCALING_ONLY):
             problems.append(f"{path}.{extra}: unknown field; allowed: {', '.join(sorted(_FIELDS))}")
         min_replicas = _int(section.get("minReplicaCount", max(1, pools[pool].replicas)), f"{path}.minReplicaCount", problems, 1)
         if "maxReplicaCount" not in section:
@@ -89,7 +91,9 @@ def parse_autoscaling(spec: dict[str, Any] | None, pools: dict[str, PoolSpec]) -
         if max_replicas < min_replicas:
             problems.append(f"{path}.maxReplicaCount: must be >= minReplicaCount ({min_replicas}), got {max_replicas}")
         _int(section.get("pollingInterval", 30), f"{path}.pollingInterval", problems, 1)
-        cooldown_s = _int(section.get("cooldownPeriod", 300), f"{path}.cooldownPeriod", problems, 0)
+        cooldown_key = "cooldownPeriod" if "cooldownPeriod" in section or "scaleDownStabilizationTime" not in section \
+            else "scaleDownStabilizationTime"
+        cooldown_s = _int(section.get(cooldown_key, 300), f"{path}.{cooldown_key}", problems, 0)
         metric = section.get("metric", next(iter(METRICS[pool])))
         if metric not in METRICS[pool]:
             problems.append(f"{path}.metric: must be one of {', '.join(METRICS[pool])}, got {metric!r}")

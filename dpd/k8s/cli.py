@@ -8,10 +8,10 @@ from pathlib import Path
 
 import yaml
 
-from dpd.config import ConfigError
+from dpd.config import ConfigError, parse_config
 from dpd.k8s.autoscaling import RenderError, adapter_rules
 from dpd.k8s.crd import crd
-from dpd.k8s.render import DPD_IMAGE, RenderOptions, render, to_yaml
+from dpd.k8s.render import DPD_IMAGE, RenderOptions, config_document, render, to_yaml
 
 ADAPTER_RULES_FILE = "prometheus-adapter-rules.yaml"
 
@@ -33,10 +33,14 @@ def object_file_name(index: int, obj: dict) -> str:
 def render_command(args: argparse.Namespace) -> int:
     options = RenderOptions(dpd_image=args.dpd_image or DPD_IMAGE, worker_image=args.worker_image)
     try:
-        objects = render(read_document(args.file), options, source=args.file)
+        document = read_document(args.file)
+        objects = render(document, options, source=args.file)
     except RenderError as exc:
         print(f"dpd render: {args.file}: {exc}", file=sys.stderr)
         return 2
+    from dpd.cli import warn_not_applied
+
+    warn_not_applied(parse_config(config_document(document), args.file), "dpd render")
     if not args.out:
         sys.stdout.write(to_yaml(objects))
         return 0

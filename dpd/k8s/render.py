@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from dpd.config.load import parse_config
-from dpd.config.model import InferenceEndpointConfig
+from dpd.config.model import CLUSTER_TLS_DIR, InferenceEndpointConfig
 from dpd.k8s.autoscaling import POOL_KEYS, PoolAutoscaling, RenderError, hpa, parse_autoscaling
 from dpd.k8s.security import POD_SECURITY, container_security
 from dpd.k8s.workers import (
@@ -32,6 +32,7 @@ from dpd.k8s.workers import (
     SIDE_CHANNEL_PORT,
     WORKER_HTTP_PORT,
     drain_seconds,
+    model_storage,
     model_volume,
     pod_template,
     worker_key_env,
@@ -200,7 +201,7 @@ def config_hash(public: dict[str, Any], secrets: dict[str, Any]) -> str:
 
 
 def _images(config: InferenceEndpointConfig, options: RenderOptions) -> dict[str, str]:
-    worker = options.worker_image or (config.spec.worker or {}).get("image")
+    worker = options.worker_image or (config.spec.worker.image if config.spec.worker else None)
     if not worker:
         pd = config.spec.pdSpec
         is_gpu = any(pool_is_gpu(config, pool) for pool in (pd.prefillSpec, pd.decodingSpec))
@@ -232,6 +233,10 @@ def _router_template(config: InferenceEndpointConfig, n: dict[str, str], images:
     mounts = [*mounts, {"name": "config", "mountPath": "/etc/dpd/config", "readOnly": True}]
     env = [{"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}, *model_env,
            worker_key_env(config, WORKER_KEY_ENV)]
+    tls = config.spec.tlsConfig.secretName if config.spec.tlsConfig else None
+    if tls:  # a kubernetes.io/tls Secret (cert-manager's Certificate writes one); the router serves HTTPS
+        volumes.append({"name": "tls", "secret": {"secretName": tls}})
+        mounts.append({"name": "tls", "mountPath": CLUSTER_TLS_DIR, "readOnly": True})
     if secrets:
         volumes.append({"name": "secrets", "secret": {"secretName": n["secrets"]}})
         mounts.append({"name": "secrets", "mountPath": "/etc/dpd/secrets", "readOnly": True})
@@ -245,7 +250,8 @@ def _router_template(config: InferenceEndpointConfig, n: dict[str, str], images:
         "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
         # /health is 200 only while a decoder is healthy: right for readiness (no traffic to a
         # router that can serve nothing), wrong for liveness (restarting it would not help).
-        "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5, "failureThreshold": 2},
+        "readinessProbe": {"httpGet": {"path": "/health", "port": "http", **({"scheme": "HTTPS"} if tls else {})},
+                           "periodSeconds": 5, "failureThreshold": 2},
         "livenessProbe": {"tcpSocket": {"port": "http"}, "periodSeconds": 10, "failureThreshold": 3},
         "volumeMounts": mounts,
         # SIGTERM comes after the pause, once the Service has stopped sending new requests here;
@@ -321,7 +327,7 @@ def _network_policies(config: InferenceEndpointConfig, n: dict[str, str]) -> lis
         {"to": [{"podSelector": peers}]},
         {"to": [{"namespaceSelector": {}}], "ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]},
     ]
-    if config.spec.modelSourceConfig.modelSourceType == "hub":
+    if config.spec.modelSourceConfig.modelSourceType in ("hub", "huggingface", "s3"):
         egress.append({"ports": [{"port": 443, "protocol": "TCP"}]})
     router_port = config.spec.pdSpec.router.port
     return [
@@ -370,13 +376,17 @@ def render_config(config: InferenceEndpointConfig, document: dict[str, Any], opt
         if pool in scaling:
             objects.append(hpa(n[pool], n[pool], labels(config, pool), ns, scaling[pool]))
     objects += _network_policies(config, n)
-    objects.append({
-        "apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor", "metadata": _meta(config, config.metadata.name, "metrics"),
-        "spec": {
-            "selector": {"matchLabels": {"app.kubernetes.io/instance": config.metadata.name, METRICS_LABEL: "true"}},
-            "endpoints": [{"port": "http", "path": "/metrics", "interval": "15s"}],
-        },
-    })
+    objects += model_storage(config)
+    metrics = config.spec.metrics
+    if metrics is None or metrics.enabled:
+        interval = metrics.metricsScrapeIntervalSeconds if metrics else 15
+        objects.append({
+            "apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor", "metadata": _meta(config, config.metadata.name, "metrics"),
+            "spec": {
+                "selector": {"matchLabels": {"app.kubernetes.io/instance": config.metadata.name, METRICS_LABEL: "true"}},
+                "endpoints": [{"port": "http", "path": "/metrics", "interval": f"{interval}s"}],
+            },
+        })
     return objects
 
 

@@ -26,7 +26,7 @@ import aiohttp
 import yaml
 
 from dpd.config.load import parse_config
-from dpd.config.model import InferenceEndpointConfig
+from dpd.config.model import InferenceEndpointConfig, tls_files
 from dpd.k8s.api import KubeApi
 from dpd.k8s.discovery import Endpoint, EndpointSliceWatcher
 from dpd.k8s.render import worker_groups
@@ -107,7 +107,8 @@ async def _serve(config: InferenceEndpointConfig, config_path: str, secrets_path
     router = Router(cluster_settings(config))
     router_spec = config.spec.pdSpec.router
     # SIGTERM (after the pod's preStop pause): stop accepting, let streams finish for drainTimeoutS.
-    server = make_server(router, "0.0.0.0", router_spec.port, is_embedded=False, graceful_s=router_spec.drainTimeoutS)
+    server = make_server(router, "0.0.0.0", router_spec.port, is_embedded=False, graceful_s=router_spec.drainTimeoutS,
+                         tls=tls_files(config.spec, on_cluster=True))
     pools = {"prefill": router.prefill, "decode": router.decode}
     groups = worker_groups(config)
     for group in groups:

@@ -14,6 +14,7 @@ import math
 from typing import Any
 
 from dpd.config.model import InferenceEndpointConfig, PoolSpec
+from dpd.k8s.autoscaling import RenderError
 from dpd.k8s.security import POD_SECURITY, container_security, home_volume
 from dpd.launch.plan import KV_ROLES, pool_is_gpu, vllm_args
 from dpd.models.bundled import BUNDLED_DIR_NAME, PREPARATION_VERSION
@@ -32,26 +33,103 @@ TEARDOWN_S = 15
 RDMA_MARKERS = ("rdma", "efa", "mellanox", "hca")
 
 
+# Copies an S3 model prefix into the pod before vLLM starts (credentials: the pod's IRSA / EKS Pod
+# Identity role, as the reference operator's own S3 source uses).
+AWS_CLI_IMAGE = "amazon/aws-cli:2.22.35"
+FSX_MOUNT = f"{MODELS_DIR}/fsx"
+
+
+def _under(root: str, location: str | None) -> str:
+    return f"{root.rstrip('/')}/{(location or '').strip('/')}".rstrip("/")
+
+
 def model_argument(config: InferenceEndpointConfig) -> str:
     """What ``--model`` (and the router's tokenizer) reads inside a pod."""
     source = config.spec.modelSourceConfig
-    if source.modelSourceType == "bundled":
+    kind = source.modelSourceType
+    if kind == "bundled":
         return f"{MODELS_DIR}/models/{BUNDLED_DIR_NAME}-v{PREPARATION_VERSION}"
+    if kind in ("hub", "huggingface"):
+        return source.hub_id or ""
+    if kind == "s3":
+        return f"{MODELS_DIR}/model"
+    if kind == "fsx":
+        return _under(FSX_MOUNT, source.modelLocation)
+    if kind == "kubernetesVolume":
+        mount = config.spec.worker.modelVolumeMount if config.spec.worker else None
+        return _under(mount.mountPath if mount else MODELS_DIR, source.modelLocation)
     return source.modelLocation or ""
+
+
+def _fsx_names(config: InferenceEndpointConfig) -> str:
+    return f"{config.metadata.name}-model-fsx"
+
+
+def model_storage(config: InferenceEndpointConfig) -> list[dict[str, Any]]:
+    """The cluster objects a model source needs besides the pods: for FSx for Lustre, a statically
+    provisioned PersistentVolume (the FSx CSI driver) and its claim."""
+    source = config.spec.modelSourceConfig
+    if source.modelSourceType != "fsx" or source.fsxStorage is None:
+        return []
+    fsx, name = source.fsxStorage, _fsx_names(config)
+    attributes = {k: v for k, v in (("dnsname", fsx.dnsName), ("mountname", fsx.mountName)) if v}
+    ns = {"namespace": config.metadata.namespace} if config.metadata.namespace else {}
+    return [
+        {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name}, "spec": {
+            "capacity": {"storage": "1200Gi"}, "volumeMode": "Filesystem", "accessModes": ["ReadOnlyMany"],
+            "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
+            "csi": {"driver": "fsx.csi.aws.com", "volumeHandle": fsx.fileSystemId, "volumeAttributes": attributes},
+            "claimRef": {"name": name, **ns}}},
+        {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name, **ns}, "spec": {
+            "accessModes": ["ReadOnlyMany"], "storageClassName": "", "volumeName": name,
+            "resources": {"requests": {"storage": "1200Gi"}}}},
+    ]
 
 
 def model_volume(config: InferenceEndpointConfig, dpd_image: str) -> tuple[list[dict], list[dict], list[dict], list[dict]]:
     """(volumes, mounts, init containers, env) that put the model where ``model_argument`` says."""
     source = config.spec.modelSourceConfig
-    if source.modelSourceType == "local":
+    kind = source.modelSourceType
+    if kind == "fsx":
+        volumes = [{"name": "model", "persistentVolumeClaim": {"claimName": _fsx_names(config), "readOnly": True}}]
+        return volumes, [{"name": "model", "mountPath": FSX_MOUNT, "readOnly": True}], [], []
+    if kind == "kubernetesVolume":
+        mount = config.spec.worker.modelVolumeMount if config.spec.worker else None
+        declared = {v.get("name"): v for v in (config.spec.kubernetes or {}).get("volumes", []) if isinstance(v, dict)}
+        if mount is None or mount.name not in declared:
+            raise RenderError(["spec.worker.modelVolumeMount: a kubernetesVolume model source needs worker.modelVolumeMount "
+                               "naming one of spec.kubernetes.volumes"])
+        return [declared[mount.name]], [{"name": mount.name, "mountPath": mount.mountPath, "readOnly": True}], [], []
+    if kind == "s3" and source.s3Storage is not None:
+        s3 = source.s3Storage
+        mounts = [{"name": "models", "mountPath": MODELS_DIR}]
+        init = {
+            "name": "fetch-model",
+            "image": AWS_CLI_IMAGE,
+            "command": ["aws", "s3", "sync", "--only-show-errors", _under(f"s3://{s3.bucketName}", source.modelLocation),
+                        model_argument(config)],
+            "env": [{"name": "AWS_REGION", "value": s3.region}] if s3.region else [],
+            "volumeMounts": mounts,
+            "securityContext": container_security(),
+        }
+        home, home_mount, home_env = home_volume()
+        init["volumeMounts"] = [*mounts, home_mount]
+        init["env"] = [*init["env"], home_env]
+        return [{"name": "models", "emptyDir": {}}], mounts, [init], []
+    if kind == "local":
         # A directory already on every node of the pool (pre-staged, or a shared filesystem).
         location = source.modelLocation or ""
         volumes = [{"name": "model", "hostPath": {"path": location, "type": "Directory"}}]
         return volumes, [{"name": "model", "mountPath": location, "readOnly": True}], [], []
     volumes = [{"name": "models", "emptyDir": {}}]
     mounts = [{"name": "models", "mountPath": MODELS_DIR}]
-    if source.modelSourceType == "hub":
-        return volumes, mounts, [], [{"name": "HF_HOME", "value": f"{MODELS_DIR}/hf"}]
+    if kind in ("hub", "huggingface"):
+        env: list[dict[str, Any]] = [{"name": "HF_HOME", "value": f"{MODELS_DIR}/hf"}]
+        token = source.huggingFaceModel.tokenSecretRef if source.huggingFaceModel else None
+        if token is not None:
+            ref = {"name": token.name, "key": token.key, **({"optional": token.optional} if token.optional is not None else {})}
+            env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": ref}})
+        return volumes, mounts, [], env
     init = {
         "name": "prepare-model",
         "image": dpd_image,
@@ -101,6 +179,11 @@ def worker_env(config: InferenceEndpointConfig, pool: PoolSpec) -> list[dict[str
                 {"name": "PYTHONPATH", "value": IMAGE_WORKER_SITE},
             ]
     managed = {e["name"] for e in env}
+    # The reference's worker.environmentVariables (values or valueFrom), then the pool's own env.
+    worker = config.spec.worker
+    shared = [dict(e) for e in (worker.environmentVariables if worker else ()) if e.get("name") not in managed | set(pool.env)]
+    env += shared
+    managed |= {e["name"] for e in shared}
     env += [{"name": k, "value": v} for k, v in sorted(pool.env.items()) if k not in managed]
     overridden = {k: v for k, v in pool.env.items() if k in managed}
     return [({"name": e["name"], "value": overridden[e["name"]]} if e["name"] in overridden else e) for e in env]
@@ -111,7 +194,8 @@ def worker_args(config: InferenceEndpointConfig, pool_name: str, pool: PoolSpec)
                      kv_role=KV_ROLES[pool_name], is_gpu=pool_is_gpu(config, pool))
     # On SIGTERM vLLM finishes in-flight requests for up to this long instead of aborting them.
     args += ["--shutdown-timeout", str(drain_seconds(config))]
-    return args + list(pool.args)
+    shared = list(config.spec.worker.args) if config.spec.worker else []  # the reference's worker.args
+    return args + shared + list(pool.args)
 
 
 def drain_seconds(config: InferenceEndpointConfig) -> int:
@@ -127,10 +211,14 @@ def _health_probe(period_s: int, failures: int, timeout_s: int = 5) -> dict[str,
     }
 
 
-def _resources(pool: PoolSpec) -> dict[str, Any]:
+def _resources(config: InferenceEndpointConfig, pool: PoolSpec) -> dict[str, Any]:
     out: dict[str, Any] = {}
+    worker = config.spec.worker
+    # A pool without resources of its own takes the reference's worker.resources.
+    resources = pool.resources if (pool.resources.requests or pool.resources.limits or not worker or not worker.resources) \
+        else worker.resources
     for kind in ("requests", "limits"):
-        values = getattr(pool.resources, kind)
+        values = getattr(resources, kind)
         if values:
             out[kind] = {k: str(v) for k, v in sorted(values.items())}
     # Extended resources (GPUs, HCAs, EFA) must have limits; requests alone are refused.
@@ -162,11 +250,14 @@ def pod_template(
             {"name": "http", "containerPort": WORKER_HTTP_PORT, "protocol": "TCP"},
             {"name": "nixl", "containerPort": SIDE_CHANNEL_PORT, "protocol": "TCP"},
         ],
-        "resources": _resources(pool),
+        "resources": _resources(config, pool),
         # Loading weights and warming up can take minutes; liveness only starts after this.
         "startupProbe": _health_probe(10, 90),
         "readinessProbe": _health_probe(5, 3),
         "livenessProbe": _health_probe(10, 6),
+        # The reference's worker.probes replace these, probe by probe.
+        **{k: v for k, v in ((config.spec.worker.probes or {}) if config.spec.worker else {}).items()
+           if k in ("startupProbe", "readinessProbe", "livenessProbe") and isinstance(v, dict)},
         "volumeMounts": mounts,
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(DRAIN_NOTICE_S)]}}},
     }
@@ -185,8 +276,14 @@ def pod_template(
     }
     if init:
         pod["initContainers"] = init
-    if pool.nodeSelector:
-        pod["nodeSelector"] = dict(sorted(pool.nodeSelector.items()))
+    selector = dict(pool.nodeSelector)
+    # The reference's instanceType and topologySpec.availabilityZone, unless the pool chose itself.
+    if config.spec.instanceType:  # HyperPod labels its nodes with the ml.* name itself
+        selector.setdefault("node.kubernetes.io/instance-type", config.spec.instanceType)
+    if topology.get("availabilityZone"):
+        selector.setdefault("topology.kubernetes.io/zone", str(topology["availabilityZone"]))
+    if selector:
+        pod["nodeSelector"] = dict(sorted(selector.items()))
     tolerations = list(topology.get("tolerations", []))
     if _uses_gpu(pool):
         tolerations.append({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"})

@@ -209,6 +209,48 @@ def kv_transfer_config(config: InferenceEndpointConfig, kv_role: str, buffer_dev
 
 
 KV_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}  # a pool's NIXL role: its preferred phase
+# The CPU tier of the reference's kvCacheSpec.enableL1Cache when the config gives no size.
+DEFAULT_L1_CACHE_GIB = 20.0
+
+
+def offload_cpu_gib(config: InferenceEndpointConfig) -> float:
+    """GiB of CPU memory per GPU worker for offloaded KV blocks: ``kvCacheOffloadingSpec.cpuGiB``,
+    else the reference's ``kvCacheSpec.enableL1Cache`` at ``DEFAULT_L1_CACHE_GIB``; 0 = none."""
+    spec = config.spec
+    offload = spec.pdSpec.kvCacheOffloadingSpec
+    if offload.cpuGiB > 0:
+        return offload.cpuGiB
+    if spec.kvCacheSpec is not None and spec.kvCacheSpec.enableL1Cache:
+        return DEFAULT_L1_CACHE_GIB
+    if offload.disk is not None:
+        return DEFAULT_L1_CACHE_GIB  # the disk tier sits behind a CPU tier
+    return 0.0
+
+
+def offloading_connector(config: InferenceEndpointConfig) -> dict | None:
+    """vLLM's native offloading connector for GPU workers: a CPU tier, and a file-system tier
+    behind it when ``kvCacheOffloadingSpec.disk`` is set; None without offloading."""
+    cpu_gib = offload_cpu_gib(config)
+    if cpu_gib <= 0:
+        return None
+    extra: dict = {"cpu_bytes_to_use": int(cpu_gib * (1 << 30))}
+    disk = config.spec.pdSpec.kvCacheOffloadingSpec.disk
+    if disk is not None:
+        extra["spec_name"] = "TieringOffloadingSpec"
+        extra["secondary_tiers"] = [{"type": "fs", "root_dir": disk.path}]
+    return {"kv_connector": "OffloadingConnector", "kv_role": "kv_both", "kv_connector_extra_config": extra}
+
+
+def worker_kv_config(config: InferenceEndpointConfig, kv_role: str | None, is_gpu: bool) -> dict | None:
+    """The ``--kv-transfer-config`` of one worker: NIXL for P/D, composed with the offloading
+    connector on GPU workers (vLLM's MultiConnector: NIXL first, so the P/D pull is tried before
+    the CPU tier); the offloading connector alone on a colocated GPU worker; None otherwise."""
+    offload = offloading_connector(config) if is_gpu else None
+    nixl = kv_transfer_config(config, kv_role, kv_buffer_device(config, is_gpu)) if kv_role is not None else None
+    if nixl is None or offload is None:
+        return nixl or offload
+    return {"kv_connector": "MultiConnector", "kv_role": kv_role,
+            "kv_connector_extra_config": {"connectors": [nixl, offload]}}
 
 
 def vllm_args(config: InferenceEndpointConfig, pool: PoolSpec, *, model: str, host: str, port: int,
@@ -227,8 +269,10 @@ def vllm_args(config: InferenceEndpointConfig, pool: PoolSpec, *, model: str, ho
         args += ["--tensor-parallel-size", str(pool.tensorParallelSize)]
     if is_gpu and pool.gpuMemoryUtilization is not None:
         args += ["--gpu-memory-utilization", f"{pool.gpuMemoryUtilization:g}"]
-    if kv_role is not None:
-        kv_config = kv_transfer_config(config, kv_role, kv_buffer_device(config, is_gpu))
+    source = spec.modelSourceConfig
+    if source.revision:
+        args += ["--revision", source.revision]
+    if (kv_config := worker_kv_config(config, kv_role, is_gpu)) is not None:
         args += ["--kv-transfer-config", json.dumps(kv_config, separators=(",", ":"), sort_keys=True)]
     return args
 

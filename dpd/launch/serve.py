@@ -27,7 +27,7 @@ from typing import TextIO
 
 import aiohttp
 
-from dpd.config.model import InferenceEndpointConfig
+from dpd.config.model import InferenceEndpointConfig, tls_files
 from dpd.launch.plan import Devices, WorkerPlan, choose_devices, detect_gpus, installed_engine, oversubscribed, plan_workers
 from dpd.launch.process import WorkerProcess
 from dpd.models.bundled import bundled_model_dir, cache_root, resolve_model
@@ -142,14 +142,18 @@ class Endpoint:
         router = Router(settings)
         router.worker_control = self
         self._router = router
-        server = make_server(router, router_spec.host, router_spec.port, is_embedded=True)
+        tls = tls_files(spec)
+        for path in tls or ():
+            if not os.access(path, os.R_OK):
+                raise LaunchError(f"spec.tlsConfig: cannot read {path}")
+        server = make_server(router, router_spec.host, router_spec.port, is_embedded=True, tls=tls)
         server_task = asyncio.create_task(server.serve(), name="router")
         while not server.started and not server_task.done():
             await asyncio.sleep(0.05)
         if server_task.done():
             self.say("router failed to start")
             return 1
-        self.say(f"ready: http://{router_spec.host}:{router_spec.port}/v1 (model {spec.modelName!r}, "
+        self.say(f"ready: http{'s' if tls else ''}://{router_spec.host}:{router_spec.port}/v1 (model {spec.modelName!r}, "
                  f"{settings.routing_policy} routing, threshold {settings.threshold_tokens} tokens)")
         stop_wait = asyncio.create_task(self._stop.wait())
         await asyncio.wait({stop_wait, server_task}, return_when=asyncio.FIRST_COMPLETED)

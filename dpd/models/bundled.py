@@ -100,8 +100,19 @@ def resolve_model(source: ModelSourceConfig) -> str:
     """What to pass to vLLM's ``--model`` (and to the router's tokenizer) for ``source``."""
     if source.modelSourceType == "bundled":
         return str(prepare_bundled_model())
+    kind = source.modelSourceType
+    if kind == "s3" and source.s3Storage is not None:
+        where = f"s3://{source.s3Storage.bucketName}/{(source.modelLocation or '').strip('/')}"
+        raise ModelError(f"spec.modelSourceConfig: dpd serve does not fetch from S3 ({where}); download it "
+                         f"(`aws s3 sync {where} DIR`) and use modelSourceType: local with modelLocation: DIR, "
+                         "or render the config for a cluster")
+    if kind in ("fsx", "kubernetesVolume"):
+        raise ModelError(f"spec.modelSourceConfig.modelSourceType: {kind} is a cluster volume; where it is mounted on "
+                         "this machine, use modelSourceType: local with modelLocation: the model's directory")
+    if kind == "huggingface":
+        return source.hub_id or ""
     location = source.modelLocation or ""
-    if source.modelSourceType == "local":
+    if kind == "local":
         path = Path(location).expanduser()
         if not (path / "config.json").is_file():
             raise ModelError(f"spec.modelSourceConfig.modelLocation: {path} is not a Hugging Face model directory")

@@ -28,15 +28,17 @@ from dpd.router.errors import ApiError
 from dpd.router.metrics import RouterMetrics
 
 
-def overloaded(reason: str, retry_after_s: float, label: str) -> ApiError:
-    return ApiError(429, f"The endpoint is overloaded ({reason}); retry later.", type="rate_limit_error",
+def overloaded(reason: str, retry_after_s: float, label: str, status: int = 429) -> ApiError:
+    return ApiError(status, f"The endpoint is overloaded ({reason}); retry later.",
+                    type="rate_limit_error" if status == 429 else "overloaded_error",
                     code="overloaded", retry_after_s=retry_after_s, metric_label=label)
 
 
 class AdmissionGate:
-    def __init__(self, max_in_flight: int, max_queue: int, queue_timeout_s: float):
+    def __init__(self, max_in_flight: int, max_queue: int, queue_timeout_s: float, overflow_status: int = 429):
         if max_in_flight < 1 or max_queue < 0 or queue_timeout_s <= 0:
             raise ValueError("max_in_flight >= 1, max_queue >= 0 and queue_timeout_s > 0 are required")
+        self.overflow_status = overflow_status
         self.max_in_flight = max_in_flight
         self.max_queue = max_queue
         self.queue_timeout_s = queue_timeout_s
@@ -65,7 +67,7 @@ class AdmissionGate:
             return 0.0
         if len(self._waiters) >= self.max_queue:
             self.num_shed += 1
-            raise overloaded("queue full", self.queue_timeout_s, "queue_full")
+            raise overloaded("queue full", self.queue_timeout_s, "queue_full", self.overflow_status)
         started = time.monotonic()
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
@@ -82,7 +84,8 @@ class AdmissionGate:
             if isinstance(exc, asyncio.CancelledError):
                 raise
             self.num_shed += 1
-            raise overloaded(f"queued longer than {self.queue_timeout_s:g}s", self.queue_timeout_s, "queue_timeout") from None
+            raise overloaded(f"queued longer than {self.queue_timeout_s:g}s", self.queue_timeout_s, "queue_timeout",
+                             self.overflow_status) from None
         return time.monotonic() - started
 
     def release(self) -> None:
@@ -95,8 +98,8 @@ class AdmissionGate:
         self.num_in_flight -= 1
 
 
-def gate_from_spec(spec: PoolAdmissionSpec | None) -> AdmissionGate | None:
-    return None if spec is None else AdmissionGate(spec.maxInFlight, spec.maxQueue, spec.queueTimeoutS)
+def gate_from_spec(spec: PoolAdmissionSpec | None, overflow_status: int = 429) -> AdmissionGate | None:
+    return None if spec is None else AdmissionGate(spec.maxInFlight, spec.maxQueue, spec.queueTimeoutS, overflow_status)
 
 
 async def admit(gate: AdmissionGate | None, pool: str, metrics: RouterMetrics) -> Callable[[], None]:

@@ -113,7 +113,7 @@ class Router:
         self.gates = {
             name: gate
             for name, a in (("prefill", spec.admission.prefill), ("decode", spec.admission.decode))
-            if (gate := gate_from_spec(a)) is not None
+            if (gate := gate_from_spec(a, spec.overflowStatusCode)) is not None
         }
         self.worker_control: WorkerControl | None = None  # the launcher, when it runs the workers
         self.num_active = 0  # requests being served (streams included), for graceful shutdown

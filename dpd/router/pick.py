@@ -53,11 +53,27 @@ class PowerOfTwoPicker:
         return a if a.num_in_flight < b.num_in_flight else b
 
 
+class RoundRobinPicker:
+    """Each pool's workers in turn, whatever their load (the reference's ``roundrobin``)."""
+
+    def __init__(self, rng: random.Random | None = None):
+        self._next = 0
+
+    def pick(self, candidates: Sequence[Worker], *, exclude: frozenset[str] = frozenset()) -> Worker | None:
+        if not candidates:
+            return None
+        eligible = sorted(_eligible(candidates, exclude), key=lambda w: w.name)
+        worker = eligible[self._next % len(eligible)]
+        self._next += 1
+        return worker
+
+
 # The one registry of pickers: the config's allowed values (router.picker) must equal its keys
 # (tests/unit/test_pick.py checks), and the CLI's choices read the config's.
-PICKERS: dict[str, type[LeastOutstandingPicker] | type[PowerOfTwoPicker]] = {
+PICKERS: dict[str, type[LeastOutstandingPicker] | type[PowerOfTwoPicker] | type[RoundRobinPicker]] = {
     "least-outstanding": LeastOutstandingPicker,
     "power-of-two": PowerOfTwoPicker,
+    "round-robin": RoundRobinPicker,
 }
 
 

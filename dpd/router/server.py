@@ -19,9 +19,11 @@ class _EmbeddedServer(uvicorn.Server):
         yield
 
 
-def make_server(router: Router, host: str, port: int, *, is_embedded: bool, graceful_s: float = 5.0) -> uvicorn.Server:
+def make_server(router: Router, host: str, port: int, *, is_embedded: bool, graceful_s: float = 5.0,
+                tls: tuple[str, str] | None = None) -> uvicorn.Server:
     """``graceful_s``: on shutdown, how long open requests (streams) may finish before they are
-    cancelled (the Kubernetes router drains for ``drainTimeoutS``)."""
+    cancelled (the Kubernetes router drains for ``drainTimeoutS``). ``tls``: (certificate file,
+    key file) to serve HTTPS instead of HTTP."""
     config = uvicorn.Config(
         build_app(router),
         host=host,
@@ -34,5 +36,7 @@ def make_server(router: Router, host: str, port: int, *, is_embedded: bool, grac
         # loopback check reads it).
         proxy_headers=False,
         limit_concurrency=router.settings.spec.maxConnections,
+        ssl_certfile=tls[0] if tls else None,
+        ssl_keyfile=tls[1] if tls else None,
     )
     return _EmbeddedServer(config) if is_embedded else uvicorn.Server(config)

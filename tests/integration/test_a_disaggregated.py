@@ -75,6 +75,46 @@ def test_openai_client_chat_and_models(client):
     assert raw.headers["x-dpd-path"] == "direct"
 
 
+def test_https_router_with_a_generated_certificate(endpoint, model_dir, tmp_path):
+    """The router serves HTTPS from a certificate file (spec.tlsConfig certFile/keyFile, or `dpd
+    route --tls-cert/--tls-key`): the openai client, trusting only that certificate, gets answers
+    on both paths from the real workers; plain HTTP to the same port gets no answer."""
+    import subprocess
+    import sys
+
+    import httpx
+
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    port = 18050
+    router = subprocess.Popen(
+        [sys.executable, "-m", "dpd", "route", "--prefill", PREFILL_URL, "--decode", DECODE_URL, "--tokenizer", model_dir,
+         "--threshold", "1024", "--policy", "threshold", "--port", str(port), "--tls-cert", str(cert), "--tls-key", str(key)],
+        env={**os.environ, "DPD_WORKER_API_KEY": endpoint.worker_key}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        url = f"https://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(url + "/health", verify=str(cert), timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        tls_client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=300,
+                                   http_client=httpx.Client(verify=str(cert)))
+        raw = tls_client.completions.with_raw_response.create(model=MODEL, prompt="The sky is", max_tokens=4, temperature=0)
+        assert raw.parse().choices[0].text and raw.headers["x-dpd-path"] == "direct"
+        long = tls_client.completions.with_raw_response.create(model=MODEL, prompt="word " * 1500, max_tokens=4, temperature=0)
+        assert long.headers["x-dpd-path"] == "disaggregated"
+        with pytest.raises(requests.RequestException):
+            requests.get(f"http://127.0.0.1:{port}/health", timeout=5).raise_for_status()
+    finally:
+        router.terminate()
+        router.wait(30)
+
+
 def test_long_prompt_is_disaggregated_and_kv_is_pulled(endpoint, client, make_prompt):
     before_router = scrape(endpoint.url, "dpd_requests_total", path="disaggregated", outcome="ok")
     before_xfers = scrape(DECODE_URL, "vllm:nixl_xfer_time_seconds_count")

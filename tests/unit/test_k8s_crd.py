@@ -96,7 +96,7 @@ def mutate(path, value):
 INVALID = [
     ("spec.pdSpec.prefillSpec.replicas", -1, "spec.pdSpec.prefillSpec.replicas: -1 is less than the minimum of 0"),
     ("spec.pdSpec.prefillSpec.kvCacheGiB", 0, "less than or equal to the minimum of 0"),
-    ("spec.pdSpec.router.picker", "random", "'random' is not one of ['least-outstanding', 'power-of-two']"),
+    ("spec.pdSpec.router.picker", "random", "'random' is not one of ['least-outstanding', 'power-of-two', 'round-robin']"),
     ("spec.pdSpec.routingThreshold", "many", "'many' is not of type 'integer'"),
     ("spec.pdSpec.kvTransferSpec.backends", ["TCP"], "'TCP' is not one of"),
     ("spec.pdSpec.kvTransferSpec.connector", "LMCache", "'LMCache' is not one of ['NixlConnector']"),

@@ -181,7 +181,7 @@ async def test_invalid_spec_changes_nothing_and_says_why():
     assert actions == [] and api.writes == []
     valid = {c["type"]: c for c in status["conditions"]}["Valid"]
     assert valid["status"] == "False"
-    assert valid["message"] == "spec.pdSpec.router.picker: Input should be 'least-outstanding' or 'power-of-two'"
+    assert valid["message"] == "spec.pdSpec.router.picker: Input should be 'least-outstanding', 'power-of-two' or 'round-robin'"
 
 
 def test_plan_update_against_what_dpd_last_applied():

@@ -146,7 +146,7 @@ def test_make_picker_known_names(name, cls):
     assert picker.pick(workers(1, 0)).name == "w1"
 
 
-@pytest.mark.parametrize("name", ["round-robin", "random", "", "Least-Outstanding", "least_outstanding", "power-of-2"])
+@pytest.mark.parametrize("name", ["random", "", "Least-Outstanding", "least_outstanding", "power-of-2"])
 def test_make_picker_rejects_unknown_names(name):
     with pytest.raises(ValueError, match="unknown picker") as info:
         make_picker(name)

@@ -176,7 +176,12 @@ def test_kv_offloading_on_cpu_is_a_plan_error(offload, is_colocated):
 def test_kv_offloading_allowed_when_disabled_or_on_gpu(pd):
     is_gpu = "kvTransferSpec" in pd
     plans = plan(config(**pd), devices=Devices("gpu", ("0", "1")) if is_gpu else None)
-    assert [kv_config(p)["kv_buffer_device"] for p in plans] == ["cuda" if is_gpu else "cpu"] * 2
+    if is_gpu:  # NIXL composed with the CPU offloading tier (test_vllm_parses_workers.py checks it with vLLM)
+        assert [kv_config(p)["kv_connector"] for p in plans] == ["MultiConnector"] * 2
+        nixl = [kv_config(p)["kv_connector_extra_config"]["connectors"][0] for p in plans]
+        assert [c["kv_buffer_device"] for c in nixl] == ["cuda"] * 2
+    else:
+        assert [kv_config(p)["kv_buffer_device"] for p in plans] == ["cpu"] * 2
 
 
 @pytest.mark.parametrize("tp, expected", [(1, None), (2, "2"), (4, "4")])

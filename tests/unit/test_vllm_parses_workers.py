@@ -57,7 +57,11 @@ def test_planned_gpu_workers_parse(vllm_parse, path):
         assert engine.tensor_parallel_size == pool.tensorParallelSize
         assert namespace.port == plan.port
         kv = engine.kv_transfer_config
-        assert (kv.kv_connector, kv.kv_role, kv.kv_buffer_device) == ("NixlConnector", plan.kv_role, "cuda")
+        assert kv.kv_role == plan.kv_role
+        if config.spec.pdSpec.kvCacheOffloadingSpec.is_enabled:
+            nixl, offload = check_multi(kv)
+        else:
+            assert (kv.kv_connector, kv.kv_buffer_device) == ("NixlConnector", "cuda")
         if pool.gpuMemoryUtilization is not None:
             assert engine.gpu_memory_utilization == pool.gpuMemoryUtilization
         assert len(plan.gpus) == pool.gpus_per_worker
@@ -71,8 +75,52 @@ def test_rendered_gpu_workers_parse(vllm_parse, path):
         container = deployment["spec"]["template"]["spec"]["containers"][0]
         assert container["command"][1:] == ["-m", "vllm.entrypoints.openai.api_server"]
         _, engine = vllm_parse(container["args"])
-        assert engine.kv_transfer_config.kv_connector == "NixlConnector"
-        assert engine.kv_transfer_config.kv_buffer_device == "cuda"
+        kv = engine.kv_transfer_config
+        if kv.kv_connector == "MultiConnector":
+            check_multi(kv)
+        else:
+            assert (kv.kv_connector, kv.kv_buffer_device) == ("NixlConnector", "cuda")
+
+
+def check_multi(kv):
+    """NIXL and the offloading connector, each built by vLLM's own config class."""
+    from vllm.config import KVTransferConfig
+
+    assert kv.kv_connector == "MultiConnector"
+    children = [KVTransferConfig(**{"engine_id": kv.engine_id, **c}) for c in kv.kv_connector_extra_config["connectors"]]
+    assert [c.kv_connector for c in children] == ["NixlConnector", "OffloadingConnector"]
+    assert children[0].kv_buffer_device == "cuda" and children[0].kv_role == kv.kv_role
+    assert children[1].kv_connector_extra_config["cpu_bytes_to_use"] > 0
+    return children
+
+
+def test_the_offloading_example_composes_nixl_and_offloading(vllm_parse):
+    config, plans = planned("examples/gpu-8x.yaml")
+    for plan in plans:
+        _, engine = vllm_parse(plan.command[3:])
+        _, offload = check_multi(engine.kv_transfer_config)
+        assert offload.kv_connector_extra_config["cpu_bytes_to_use"] == 64 << 30
+
+
+def test_a_disk_tier_is_a_file_system_tier_behind_the_cpu_one(vllm_parse, tmp_path):
+    import yaml as _yaml
+
+    document = _yaml.safe_load(Path("examples/gpu-8x.yaml").read_text())
+    document["spec"]["pdSpec"]["kvCacheOffloadingSpec"]["disk"] = {"path": "/mnt/kv", "sizeGiB": 500}
+    path = tmp_path / "disk.yaml"
+    path.write_text(_yaml.safe_dump(document))
+    _, plans = planned(str(path))
+    _, engine = vllm_parse(plans[0].command[3:])
+    _, offload = check_multi(engine.kv_transfer_config)
+    assert offload.kv_connector_extra_config["spec_name"] == "TieringOffloadingSpec"
+    assert offload.kv_connector_extra_config["secondary_tiers"] == [{"type": "fs", "root_dir": "/mnt/kv"}]
+
+
+@pytest.mark.parametrize("path", sorted(str(p) for p in Path("tests/unit/fixtures/hyperpod").glob("*.yaml")))
+def test_hyperpod_resources_render_workers_vllm_accepts(vllm_parse, path):
+    for deployment in rendered_workers(path):
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        vllm_parse(container["args"])
 
 
 def test_a_bad_pool_arg_is_caught_by_the_parser(vllm_parse):
