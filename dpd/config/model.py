@@ -341,6 +341,16 @@ class PdSpec(_Frozen):
             raise ValueError("decodingSpec.replicas must be at least 1: every request is decoded")
         return self
 
+    @model_validator(mode="after")
+    def _decode_deadline_within_lease(self) -> PdSpec:
+        first_token_s, lease_s = self.router.decodeFirstTokenTimeoutS, self.kvTransferSpec.kvLeaseDurationS
+        if first_token_s >= lease_s:
+            raise ValueError(
+                f"router.decodeFirstTokenTimeoutS ({first_token_s:g}s) must be shorter than "
+                f"kvTransferSpec.kvLeaseDurationS ({lease_s}s): a decoder still waiting for the KV when the "
+                "prefiller's lease ends would recompute the prompt unseen")
+        return self
+
 
 class S3Storage(_Frozen):
     bucketName: str = Field(min_length=3)

@@ -59,9 +59,11 @@ class AdmissionGate:
         finally:
             self.release()
 
-    async def acquire(self) -> float:
-        """Take a slot, queueing if none is free; raise a 429 ``ApiError`` when shed.
-        Every successful ``acquire`` must be matched by exactly one ``release``."""
+    async def acquire(self, max_wait_s: float | None = None) -> float:
+        """Take a slot, queueing if none is free for at most ``queue_timeout_s`` (or ``max_wait_s``
+        when shorter: a request whose prefilled KV would expire meanwhile); raise a 429
+        ``ApiError`` when shed. Every successful ``acquire`` must be matched by exactly one ``release``."""
+        timeout_s = self.queue_timeout_s if max_wait_s is None else max(0.0, min(self.queue_timeout_s, max_wait_s))
         if self.num_in_flight < self.max_in_flight and not self._waiters:
             self.num_in_flight += 1
             return 0.0
@@ -72,7 +74,7 @@ class AdmissionGate:
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
         try:
-            await asyncio.wait_for(asyncio.shield(waiter), self.queue_timeout_s)
+            await asyncio.wait_for(asyncio.shield(waiter), timeout_s)
         except (TimeoutError, asyncio.CancelledError) as exc:
             if waiter.done() and not waiter.cancelled():
                 # The slot was handed to us just as we gave up: pass it on.
@@ -84,7 +86,7 @@ class AdmissionGate:
             if isinstance(exc, asyncio.CancelledError):
                 raise
             self.num_shed += 1
-            raise overloaded(f"queued longer than {self.queue_timeout_s:g}s", self.queue_timeout_s, "queue_timeout",
+            raise overloaded(f"queued longer than {timeout_s:g}s", self.queue_timeout_s, "queue_timeout",
                              self.overflow_status) from None
         return time.monotonic() - started
 
@@ -102,13 +104,14 @@ def gate_from_spec(spec: PoolAdmissionSpec | None, overflow_status: int = 429) -
     return None if spec is None else AdmissionGate(spec.maxInFlight, spec.maxQueue, spec.queueTimeoutS, overflow_status)
 
 
-async def admit(gate: AdmissionGate | None, pool: str, metrics: RouterMetrics) -> Callable[[], None]:
-    """Take a slot of ``pool``'s gate (queueing if need be) and return its idempotent release;
-    a 429 when shed. No gate: nothing to take."""
+async def admit(gate: AdmissionGate | None, pool: str, metrics: RouterMetrics,
+                max_wait_s: float | None = None) -> Callable[[], None]:
+    """Take a slot of ``pool``'s gate (queueing if need be, at most ``max_wait_s`` when given) and
+    return its idempotent release; a 429 when shed. No gate: nothing to take."""
     if gate is None:
         return _noop
     try:
-        waited_s = await gate.acquire()
+        waited_s = await gate.acquire(max_wait_s)
     except ApiError as error:
         metrics.shed.labels(pool, error.metric_label or "queue_full").inc()
         raise

@@ -32,13 +32,14 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from dpd.config.model import EndpointSpec, PdSpec, RouterSpec, TenantSpec
+from dpd.config.model import EndpointSpec, KvTransferSpec, PdSpec, RouterSpec, TenantSpec
 from dpd.router.admin import AdminApi, WorkerControl
 from dpd.router.admission import gate_from_spec
 from dpd.router.aggregate import StreamAggregator, is_usage_only
 from dpd.router.breaker import BreakerState, CircuitBreaker
 from dpd.router.errors import ApiError, bad_request, model_not_found, worker_failed
 from dpd.router.flow import PdFlow, RequestContext, UpstreamStream
+from dpd.router.kvwatch import KvWatch
 from dpd.router.load import SharedRates
 from dpd.router.metrics import RouterMetrics
 from dpd.router.migrate import ContinuedStream, StreamFailed
@@ -62,6 +63,7 @@ from dpd.router.tokens import TokenCounter, Tokenizer, load_tokenizer
 log = logging.getLogger(__name__)
 # The environment variable that hands the router (dpd serve, the cluster router) the workers' API key.
 WORKER_KEY_ENV = "DPD_WORKER_API_KEY"
+KV_WATCH_INTERVAL_S = 10.0  # how often the router reads the workers' KV-transfer failure counters (kvwatch.py)
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,8 @@ class RouterSettings:
     # The bearer key the workers require on their API (vLLM's VLLM_API_KEY): only the router may
     # send them requests (kv_transfer_params among them). None: workers without a key.
     worker_api_key: str | None = field(default=None, repr=False)
+    # How long a prefiller holds KV no decoder pulled (kvTransferSpec.kvLeaseDurationS).
+    kv_lease_s: float = KvTransferSpec.model_fields["kvLeaseDurationS"].default
 
     @classmethod
     def for_endpoint(cls, endpoint: EndpointSpec, *, tokenizer_path: str, router: RouterSpec | None = None,
@@ -92,7 +96,8 @@ class RouterSettings:
         pd = endpoint.pdSpec
         return cls(spec=router or pd.router, model_name=endpoint.modelName, max_model_len=endpoint.maxModelLen,
                    tokenizer_path=tokenizer_path, threshold_tokens=pd.routingThreshold, tenants=endpoint.tenants,
-                   routing_policy=pd.routingPolicy, **{"prefill_urls": (), "decode_urls": (), **workers})
+                   routing_policy=pd.routingPolicy, kv_lease_s=pd.kvTransferSpec.kvLeaseDurationS,
+                   **{"prefill_urls": (), "decode_urls": (), **workers})
 
 
 class Router:
@@ -120,6 +125,7 @@ class Router:
         self.is_shutting_down = False
         self._session: aiohttp.ClientSession | None = None
         self._prober: HealthProber | None = None
+        self.kv_watch: KvWatch | None = None
         self.flow: PdFlow | None = None
 
     def _make_pool(self, name: str, urls: tuple[str, ...], names: tuple[str, ...]) -> Pool:
@@ -156,15 +162,20 @@ class Router:
                                               headers={"Authorization": f"Bearer {key}"} if key else None)
         self.flow = PdFlow(
             self._session, self.prefill, self.decode, self.picker, self.settings.spec, self.metrics,
-            self.gates.get("prefill"), self.gates.get("decode"), self.routing.endpoint,
+            self.gates.get("prefill"), self.gates.get("decode"), self.routing.endpoint, kv_lease_s=self.settings.kv_lease_s,
         )
         self._prober = HealthProber([self.prefill, self.decode], self._session, self.settings.spec.healthIntervalS, self._on_worker_change)
         await self._prober.probe_once()
         self._prober.start()
+        self.kv_watch = KvWatch([self.prefill, self.decode], self._session, self.metrics, KV_WATCH_INTERVAL_S)
+        await self.kv_watch.scrape_once()  # the baseline
+        self.kv_watch.start()
 
     async def stop(self) -> None:
         if self._prober:
             await self._prober.stop()
+        if self.kv_watch:
+            await self.kv_watch.stop()
         if self._session:
             await self._session.close()
 

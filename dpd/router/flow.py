@@ -221,8 +221,10 @@ class PdFlow:
         prefill_gate: AdmissionGate | None = None,
         decode_gate: AdmissionGate | None = None,
         endpoint_load: EndpointLoad | None = None,
+        kv_lease_s: float = 30.0,
     ):
         self._session = session
+        self._kv_lease_duration_s = kv_lease_s
         self._prefill = prefill
         self._decode = decode
         self._picker = picker
@@ -286,12 +288,29 @@ class PdFlow:
                         release()  # the prefill slot covers the hop only (release is idempotent)
                     if kv_params is None:
                         return None, reason
-                    stream, reason = await self._disaggregated_decode(ctx, kv_params, worker.name)
+                    try:
+                        stream, reason = await self._disaggregated_decode(ctx, kv_params, worker.name)
+                    except ApiError as error:
+                        self._kv_abandoned(ctx, worker, f"decode_{error.metric_label or error.status}")
+                        raise
+                    except BaseException:
+                        self._kv_abandoned(ctx, worker, "cancelled")
+                        raise
+                    if stream is None:
+                        self._kv_abandoned(ctx, worker, reason.value)
                     return stream, reason
             finally:
                 release()
         finally:
             tell_pool_breaker(pool_breaker, reason)  # outcomes.OUTCOMES: what each ending teaches it
+
+    def _kv_abandoned(self, ctx: RequestContext, prefiller: Worker, reason: str) -> None:
+        """A prefill whose KV no decode hop took: vLLM 0.32 has no call that frees a finished
+        request's blocks, so the prefiller holds them until the lease ends; counted and logged."""
+        self._metrics.kv_abandoned.labels(prefiller.name, reason).inc()
+        log.warning("request %s: the KV prefilled on %s was not taken (%s); %s holds it until its lease "
+                    "(%gs) ends", ctx.request_id, prefiller.name, reason, prefiller.name,
+                    self._kv_lease_duration_s)
 
     def _take(self, pool: Pool, planned: Worker | None, tenant: str | None) -> Worker | None:
         """The planned worker (the adaptive policy chose it) if it is still usable, else a pick."""
@@ -359,11 +378,13 @@ class PdFlow:
     async def _disaggregated_decode(
         self, ctx: RequestContext, kv_params: dict[str, Any], prefiller: str
     ) -> tuple[UpstreamStream | None, HopOutcome]:
-        release = await admit(self._decode_gate, "decode", self._metrics)
+        # The prefilled KV is held for kvLeaseDurationS: a decode hop queued past half of it could
+        # find it expired and recompute the prompt while counting as disaggregated, so it waits
+        # for a decode slot no longer (a 429 instead).
+        release = await admit(self._decode_gate, "decode", self._metrics, max_wait_s=self._kv_lease_duration_s / 2)
         try:
             worker = self._take(self._decode, ctx.decision.decode, ctx.tenant)
             if worker is None:
-                # The prefiller frees the blocks when its lease (kvLeaseDurationS) expires.
                 raise pool_unavailable("decode")
             stream = await self._open(
                 ctx, worker, decode_body(ctx.body, kv_params, with_token_ids=self._with_token_ids),

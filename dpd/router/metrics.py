@@ -105,6 +105,16 @@ class RouterMetrics:
             "dpd_tenant_prompt_tokens", "Prompt tokens admitted per tenant (router's count).", ["tenant"], registry=r
         )
         self.auth_failures = Counter("dpd_auth_failures", "Requests refused with 401.", ["reason"], registry=r)
+        # KV that no decode hop took, and KV transfers the engine reports lost (kvwatch.py).
+        self.kv_abandoned = Counter(
+            "dpd_kv_abandoned", "Prefills whose KV no decode hop took, by why; the prefiller holds the blocks until "
+            "kvTransferSpec.kvLeaseDurationS ends.", ["prefiller", "reason"], registry=r,
+        )
+        self.kv_transfer_failures = Counter(
+            "dpd_kv_transfer_failures", "KV transfers a worker's engine counted as lost (vLLM's NIXL counters): "
+            "failed_pull (recomputed or failed on the decoder), lease_expired, failed_notification.",
+            ["pool", "worker", "kind"], registry=r,
+        )
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

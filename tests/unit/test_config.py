@@ -69,6 +69,8 @@ def test_reference_resource_fields_are_accepted():
         ({"modelSourceConfig": {"modelSourceType": "local"}}, "modelLocation is required when modelSourceType is 'local'"),
         ({"maxModelLen": 4}, "spec.maxModelLen: Input should be greater than or equal to 16"),
         ({"pdSpec": {"router": {"port": 70000}}}, "spec.pdSpec.router.port: Input should be less than or equal to 65535"),
+        ({"pdSpec": {"router": {"decodeFirstTokenTimeoutS": 30}}},  # issue 16, finding 8
+         "router.decodeFirstTokenTimeoutS (30s) must be shorter than kvTransferSpec.kvLeaseDurationS (30s)"),
     ],
 )
 def test_invalid_configs_name_the_field(spec, expected):

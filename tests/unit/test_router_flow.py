@@ -57,8 +57,10 @@ class ScriptedWorker:
         self.token_delay_s = token_delay_s
         self.bodies: list[dict] = []
         self.authorizations: list[str | None] = []
+        self.metrics_text = ""  # what GET /metrics answers (vLLM's exposition format)
         app = web.Application()
         app.router.add_get("/health", self.health)
+        app.router.add_get("/metrics", self.metrics)
         app.router.add_post("/v1/completions", self.completions)
         self.server = TestServer(app)
 
@@ -68,6 +70,9 @@ class ScriptedWorker:
 
     async def health(self, request: web.Request) -> web.Response:
         return web.json_response({})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(text=self.metrics_text, content_type="text/plain")
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
@@ -116,6 +121,7 @@ async def make_router():
         tenants: tuple = (),
         policy: str = "threshold",
         worker_api_key: str | None = None,
+        kv_lease_s: float = 30.0,
         **spec,
     ) -> httpx.AsyncClient:
         prefills = prefill if isinstance(prefill, list) else [prefill] if prefill else []
@@ -127,7 +133,7 @@ async def make_router():
             spec=RouterSpec(healthIntervalS=0.2, **spec), model_name="m", max_model_len=1000, tokenizer_path="",
             threshold_tokens=threshold, prefill_urls=tuple(w.url for w in prefills), decode_urls=tuple(w.url for w in decodes),
             is_colocated=not prefills, tenants=tuple(tenants), routing_policy=policy,
-            worker_api_key=worker_api_key,
+            worker_api_key=worker_api_key, kv_lease_s=kv_lease_s,
         )
         router = Router(settings, tokenizer=WordTokenizer())
         await router.start()
@@ -217,6 +223,50 @@ async def test_admission_sheds_with_429_when_full(make_router):
     third = await client.post("/v1/completions", json=BODY)  # the slot came back
     assert third.status_code == 200
     assert metric((await client.get("/metrics")).text, "dpd_shed_requests_total") == 1
+
+
+async def test_decode_wait_after_a_prefill_is_bounded_by_the_kv_lease(make_router):
+    """Issue 16, finding 8: a decode hop queued after its prefill waits at most half the KV lease
+    (not the queue's 30 s), so it never pulls expired KV and silently recomputes; the prefill
+    whose KV nobody took is counted."""
+    client = await make_router(ScriptedWorker(), ScriptedWorker(token_delay_s=1.0), kv_lease_s=1.0,
+                               admission={"decode": {"maxInFlight": 1, "maxQueue": 4, "queueTimeoutS": 30}})
+    first = asyncio.create_task(client.post("/v1/completions", json=BODY))
+    await asyncio.sleep(0.3)
+    started = time.monotonic()
+    second = await client.post("/v1/completions", json=BODY)
+    waited_s = time.monotonic() - started
+    assert second.status_code == 429 and waited_s < 1.5
+    assert (await first).status_code == 200
+    text = (await client.get("/metrics")).text
+    assert metric(text, 'dpd_kv_abandoned_total{prefiller="prefill-0",reason="decode_queue_timeout"}') == 1
+
+
+async def test_kv_transfer_failures_the_engine_counts_are_reported(make_router):
+    """Issue 16, finding 8: a decoder that recomputed a failed KV pull answers normally; the
+    router reads vLLM's NIXL counters and reports what grew, per worker and kind."""
+    page = ('# HELP vllm:nixl_num_failed_transfers Number of failed NIXL KV Cache transfers.\n'
+            '# TYPE vllm:nixl_num_failed_transfers counter\n'
+            'vllm:nixl_num_failed_transfers_total{engine="0",model_name="m"} %s\n'
+            '# HELP vllm:nixl_num_kv_expired_reqs Requests whose KV expired.\n'
+            '# TYPE vllm:nixl_num_kv_expired_reqs counter\n'
+            'vllm:nixl_num_kv_expired_reqs_total{engine="0",model_name="m"} %s\n')
+    prefill, decode = ScriptedWorker(), ScriptedWorker()
+    decode.metrics_text = page % (1.0, 0.0)  # before the router started: the baseline, not news
+    prefill.metrics_text = page % (0.0, 0.0)
+    client = await make_router(prefill, decode)
+    watch = client.router.kv_watch
+    decode.metrics_text, prefill.metrics_text = page % (3.0, 0.0), page % (0.0, 1.0)
+    await watch.scrape_once()
+    text = (await client.get("/metrics")).text
+    assert metric(text, 'dpd_kv_transfer_failures_total{kind="failed_pull",pool="decode",worker="decode-0"}') == 2
+    assert metric(text, 'dpd_kv_transfer_failures_total{kind="lease_expired",pool="prefill",worker="prefill-0"}') == 1
+    decode.metrics_text = page % (0.0, 0.0)  # the decoder restarted: a new baseline, nothing counted
+    await watch.scrape_once()
+    decode.metrics_text = page % (1.0, 0.0)
+    await watch.scrape_once()
+    text = (await client.get("/metrics")).text
+    assert metric(text, 'dpd_kv_transfer_failures_total{kind="failed_pull",pool="decode",worker="decode-0"}') == 3
 
 
 async def test_no_decoder_is_a_503_with_retry_after(make_router):
