@@ -143,7 +143,7 @@ def route_settings(args: argparse.Namespace):
     spec = base.model_copy(update={"host": args.host or base.host, "port": args.port or base.port})
     return RouterSettings.for_endpoint(endpoint, tokenizer_path=args.tokenizer, router=spec,
                                        prefill_urls=tuple(args.prefill), decode_urls=tuple(args.decode),
-                                       is_colocated=not args.prefill)
+                                       is_colocated=not args.prefill, worker_api_key=args.worker_key or None)
 
 
 def _cmd_route(args: argparse.Namespace) -> int:
@@ -358,6 +358,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", required=True, help="model directory or hub id whose tokenizer counts tokens")
     p.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM; with --tls-key)")
     p.add_argument("--tls-key", help="the certificate's private key (PEM)")
+    p.add_argument("--worker-key", default=os.environ.get("DPD_WORKER_API_KEY"),
+                   help="the key the workers require (dpd serve's run directory: worker-key; default $DPD_WORKER_API_KEY; "
+                   "prefer the variable: a command line is visible to other users)")
     p.add_argument("--config", help="take the router settings, tenants, model name and threshold from this config file")
     p.add_argument("--model-name", default="smollm2-135m", help="served model name the workers use")
     p.add_argument("--max-model-len", type=int, default=8192)

@@ -140,3 +140,15 @@ def test_dpd_route_takes_router_settings_and_tenants_from_a_config(tmp_path):
     settings = route_settings(args)
     assert (settings.spec.port, settings.spec.host, settings.threshold_tokens, settings.model_name) == (9001, "0.0.0.0", 77, "mine")
     assert settings.spec.admission.decode.maxInFlight == 3 and settings.tenants[0].name == "a"
+
+
+def test_dpd_route_sends_the_workers_key(monkeypatch):
+    """Workers require the key dpd serve generated (issue 16, finding 1): a standalone router
+    takes it from DPD_WORKER_API_KEY (or --worker-key), else every hop is a 401."""
+    from dpd.cli import build_parser, route_settings
+
+    monkeypatch.setenv("DPD_WORKER_API_KEY", "k-env")
+    args = build_parser().parse_args(["route", "--decode", "http://d", "--tokenizer", "t"])
+    assert route_settings(args).worker_api_key == "k-env"
+    args = build_parser().parse_args(["route", "--decode", "http://d", "--tokenizer", "t", "--worker-key", "k-arg"])
+    assert route_settings(args).worker_api_key == "k-arg"
