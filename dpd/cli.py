@@ -507,10 +507,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--operator", action="store_true", help="also the operator: namespace, RBAC, Deployment, webhook Service")
     p.add_argument("--namespace", default="dpd-system", help="the operator's namespace (with --operator)")
     p.add_argument("--dpd-image", help="the operator's image (with --operator)")
+    p.add_argument("--watch-namespace", action="append", default=[], metavar="NS",
+                   help="a namespaced install: the operator serves only NS (repeatable), with a Role there instead of "
+                   "cluster-wide write rights (with --operator)")
     p.set_defaults(func=_cmd_crd)
 
     p = sub.add_parser("operator", help="run the Kubernetes operator (kopf) reconciling InferenceEndpointConfigs")
-    p.add_argument("--namespace", help="watch only this namespace (default: all)")
+    p.add_argument("--namespace", action="append", help="watch only this namespace (repeatable; default: "
+                   "$DPD_WATCH_NAMESPACES, else all)")
     p.set_defaults(func=_cmd_operator)
 
     p = sub.add_parser("k8s-router", help="run the router in a pod; workers come from EndpointSlices")

@@ -58,7 +58,7 @@ def crd_command(args: argparse.Namespace) -> int:
     if args.operator:
         from dpd.k8s.install import operator_manifests
 
-        sys.stdout.write(to_yaml(operator_manifests(args.namespace, args.dpd_image or DPD_IMAGE)))
+        sys.stdout.write(to_yaml(operator_manifests(args.namespace, args.dpd_image or DPD_IMAGE, args.watch_namespace)))
     else:
         sys.stdout.write(to_yaml([crd()]))
     return 0

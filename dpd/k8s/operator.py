@@ -10,7 +10,10 @@ Run in a cluster with ``dpd operator`` (the Deployment ``dpd crd --operator`` pr
 Configured from the environment: ``DPD_IMAGE`` (the router's image; default the operator's
 own), ``DPD_WORKER_IMAGE`` (overrides ``spec.worker.image``), ``DPD_WEBHOOK_HOST`` (the
 webhook Service's DNS name; unset = no webhook, e.g. when running outside the cluster),
-``DPD_WEBHOOK_CERT_DIR`` (``tls.crt``/``tls.key``/``ca.crt`` of the webhook's certificate).
+``DPD_WEBHOOK_CERT_DIR`` (``tls.crt``/``tls.key``/``ca.crt`` of the webhook's certificate),
+``DPD_ALLOWED_IMAGES`` / ``DPD_ALLOWED_HOST_PATHS`` (what it may run and mount for a resource's
+author: ``dpd.k8s.policy``), ``DPD_WATCH_NAMESPACES`` (comma-separated: watch only these; the
+namespaced install sets it).
 """
 
 from __future__ import annotations
@@ -23,18 +26,25 @@ import kopf
 
 from dpd.config.model import API_VERSION, KIND
 from dpd.k8s.api import KubeApi
-from dpd.k8s.operator_settings import WEBHOOK_PORT
+from dpd.k8s.operator_settings import WATCH_NAMESPACES_ENV, WEBHOOK_CONFIG, WEBHOOK_PORT
+from dpd.k8s.policy import OperatorPolicy
 from dpd.k8s.reconcile import reconcile
-from dpd.k8s.render import DPD_IMAGE, RenderOptions
+from dpd.k8s.render import DPD_IMAGE, VLLM_GPU_IMAGE, RenderOptions
 from dpd.k8s.webhook import admission_problems
+from dpd.k8s.workers import AWS_CLI_IMAGE
 
 GROUP, VERSION = API_VERSION.split("/")
-WEBHOOK_CONFIG = f"dpd.{GROUP}"
 RESYNC_S = 30
 
 
 def render_options() -> RenderOptions:
     return RenderOptions(dpd_image=os.environ.get("DPD_IMAGE", DPD_IMAGE), worker_image=os.environ.get("DPD_WORKER_IMAGE") or None)
+
+
+def operator_policy(options: RenderOptions) -> OperatorPolicy:
+    """The images dpd renders itself, plus ``DPD_ALLOWED_IMAGES``; host paths ``DPD_ALLOWED_HOST_PATHS``."""
+    builtin = [options.dpd_image, VLLM_GPU_IMAGE, AWS_CLI_IMAGE, *([options.worker_image] if options.worker_image else [])]
+    return OperatorPolicy.from_env(builtin)
 
 
 @kopf.on.startup()
@@ -54,14 +64,16 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 
 @kopf.on.validate(GROUP, VERSION, KIND, operations=["CREATE", "UPDATE"])
 def validate(body: kopf.Body, **_: Any) -> None:
-    problems = admission_problems(dict(body))
+    options = render_options()
+    problems = admission_problems(dict(body), options, operator_policy(options))
     if problems:
         raise kopf.AdmissionError("\n".join(problems), code=422)
 
 
 async def _reconcile(body: kopf.Body, patch: kopf.Patch, logger: Any) -> None:
     async with aiohttp.ClientSession() as session:
-        status, actions = await reconcile(KubeApi.in_cluster(session), dict(body), render_options())
+        options = render_options()
+        status, actions = await reconcile(KubeApi.in_cluster(session), dict(body), options, operator_policy(options))
     for action in actions:
         logger.info(action)
     patch.status.update(status)
@@ -79,8 +91,14 @@ async def resync(body: kopf.Body, patch: kopf.Patch, logger: Any, **_: Any) -> N
     await _reconcile(body, patch, logger)
 
 
-def run_operator(namespace: str | None = None) -> int:
-    """Run the operator until interrupted (watches ``namespace``, or all namespaces)."""
+def watched_namespaces(cli: list[str] | None) -> list[str]:
+    """The namespaces to watch: the command line's, else ``DPD_WATCH_NAMESPACES``; [] = all."""
+    return list(cli or []) or [ns.strip() for ns in os.environ.get(WATCH_NAMESPACES_ENV, "").split(",") if ns.strip()]
+
+
+def run_operator(namespaces: list[str] | None = None) -> int:
+    """Run the operator until interrupted (watches ``namespaces``, or all namespaces)."""
+    watched = watched_namespaces(namespaces)
     kopf.configure(verbose=False)
-    kopf.run(clusterwide=namespace is None, namespaces=[namespace] if namespace else [], standalone=True)
+    kopf.run(clusterwide=not watched, namespaces=watched, standalone=True)
     return 0

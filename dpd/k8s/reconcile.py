@@ -27,6 +27,7 @@ from urllib.parse import quote
 
 from dpd.config.load import parse_config
 from dpd.k8s.api import collection_path, object_path
+from dpd.k8s.policy import OperatorPolicy
 from dpd.k8s.render import TENANT_LABEL, RenderOptions, config_document, labels, names, render, worker_groups
 from dpd.k8s.webhook import admission_problems
 from dpd.k8s.workers import WORKER_KEY_ITEM, worker_key_secret
@@ -135,10 +136,12 @@ def status_of(body: dict[str, Any], deployments: dict[str, dict | None], problem
     ]}
 
 
-async def reconcile(api: Api, body: dict[str, Any], options: RenderOptions | None = None) -> tuple[dict[str, Any], list[str]]:
-    """Bring the cluster to ``body``'s spec. Returns (status, actions taken as ``verb path``)."""
+async def reconcile(api: Api, body: dict[str, Any], options: RenderOptions | None = None,
+                    policy: OperatorPolicy | None = None) -> tuple[dict[str, Any], list[str]]:
+    """Bring the cluster to ``body``'s spec. Returns (status, actions taken as ``verb path``);
+    with ``policy``, a spec using an image or host path it does not allow changes nothing."""
     namespace = body["metadata"].get("namespace", "default")
-    problems = admission_problems(body)
+    problems = admission_problems(body, options, policy)
     if problems:
         return status_of(body, {}, problems), []
     document = config_document(body)

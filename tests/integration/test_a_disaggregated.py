@@ -79,6 +79,7 @@ def test_https_router_with_a_generated_certificate(endpoint, model_dir, tmp_path
     """The router serves HTTPS from a certificate file (spec.tlsConfig certFile/keyFile, or `dpd
     route --tls-cert/--tls-key`): the openai client, trusting only that certificate, gets answers
     on both paths from the real workers; plain HTTP to the same port gets no answer."""
+    import ssl
     import subprocess
     import sys
 
@@ -88,6 +89,7 @@ def test_https_router_with_a_generated_certificate(endpoint, model_dir, tmp_path
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
                     "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
                    check=True, capture_output=True)
+    trusted = ssl.create_default_context(cafile=str(cert))
     port = 18050
     router = subprocess.Popen(
         [sys.executable, "-m", "dpd", "route", "--prefill", PREFILL_URL, "--decode", DECODE_URL, "--tokenizer", model_dir,
@@ -98,12 +100,12 @@ def test_https_router_with_a_generated_certificate(endpoint, model_dir, tmp_path
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:
-                if httpx.get(url + "/health", verify=str(cert), timeout=2).status_code == 200:
+                if httpx.get(url + "/health", verify=trusted, timeout=2).status_code == 200:
                     break
             except httpx.HTTPError:
                 time.sleep(0.5)
         tls_client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=300,
-                                   http_client=httpx.Client(verify=str(cert)))
+                                   http_client=httpx.Client(verify=trusted))
         raw = tls_client.completions.with_raw_response.create(model=MODEL, prompt="The sky is", max_tokens=4, temperature=0)
         assert raw.parse().choices[0].text and raw.headers["x-dpd-path"] == "direct"
         long = tls_client.completions.with_raw_response.create(model=MODEL, prompt="word " * 1500, max_tokens=4, temperature=0)

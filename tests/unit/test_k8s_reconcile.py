@@ -15,6 +15,7 @@ import yaml
 
 from dpd.config.model import AdaptiveSpec
 from dpd.k8s.install import operator_manifests
+from dpd.k8s.operator_settings import WEBHOOK_CONFIG
 from dpd.k8s.reconcile import LAST_APPLIED, merge_patch, plan_update, reconcile
 from dpd.k8s.router_main import ThresholdReloader
 from dpd.router.metrics import RouterMetrics
@@ -198,8 +199,81 @@ def test_plan_update_against_what_dpd_last_applied():
 
 
 def test_operator_install_manifests_validate():
-    for obj in operator_manifests():
+    for obj in [*operator_manifests(), *operator_manifests(watch_namespaces=["team-a", "team-b"])]:
         kubernetes_validate.validate(obj, "1.33.0", strict=True)
+
+
+# -- operator scope (issue 16, finding 3) --------------------------------------------------------
+WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection", "*"}
+
+
+def test_the_namespaced_install_writes_only_in_its_namespaces():
+    objects = operator_manifests("dpd-system", watch_namespaces=["team-a", "team-b"])
+    (cluster_role,) = [o for o in objects if o["kind"] == "ClusterRole"]
+    for rule in cluster_role["rules"]:  # cluster-wide: reads, and only its own webhook configuration
+        if WRITE_VERBS & set(rule["verbs"]):
+            assert rule["resources"] == ["validatingwebhookconfigurations"], rule
+            assert set(rule["verbs"]) == {"create"} or rule["resourceNames"] == [WEBHOOK_CONFIG], rule
+    roles = {o["metadata"]["namespace"]: o for o in objects if o["kind"] == "Role"}
+    bindings = {o["metadata"]["namespace"]: o for o in objects if o["kind"] == "RoleBinding"}
+    assert set(roles) == set(bindings) == {"team-a", "team-b"}
+    assert any("secrets" in r["resources"] and "create" in r["verbs"] for r in roles["team-a"]["rules"])
+    assert bindings["team-b"]["subjects"] == [{"kind": "ServiceAccount", "name": "dpd-operator", "namespace": "dpd-system"}]
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+    env = {e["name"]: e["value"] for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["DPD_WATCH_NAMESPACES"] == "team-a,team-b"
+
+
+def test_the_cluster_wide_install_patches_only_its_own_webhook_configuration():
+    (cluster_role,) = [o for o in operator_manifests() if o["kind"] == "ClusterRole"]
+    webhook_rules = [r for r in cluster_role["rules"] if r["resources"] == ["validatingwebhookconfigurations"]]
+    assert all(r.get("resourceNames") == [WEBHOOK_CONFIG] for r in webhook_rules if set(r["verbs"]) - {"create"})
+    assert any("deployments" in r["resources"] for r in cluster_role["rules"])
+
+
+def test_the_operator_watches_the_namespaces_it_was_installed_for(monkeypatch):
+    from dpd.k8s.operator import watched_namespaces
+
+    monkeypatch.setenv("DPD_WATCH_NAMESPACES", "team-a, team-b")
+    assert watched_namespaces(None) == ["team-a", "team-b"]
+    assert watched_namespaces(["x"]) == ["x"]
+    monkeypatch.delenv("DPD_WATCH_NAMESPACES")
+    assert watched_namespaces(None) == []
+
+
+def test_the_operator_runs_only_allowed_images_and_host_paths(monkeypatch):
+    """A resource may not make the operator run any image or mount any node directory."""
+    import kopf
+
+    from dpd.k8s.operator import operator_policy, render_options, validate
+
+    monkeypatch.delenv("DPD_ALLOWED_IMAGES", raising=False)
+    monkeypatch.delenv("DPD_ALLOWED_HOST_PATHS", raising=False)
+    validate(body=resource())  # the images dpd renders itself are allowed
+    with pytest.raises(kopf.AdmissionError) as exc:
+        validate(body=resource(worker={"image": "evil.example.com/miner:1"}))
+    assert "image 'evil.example.com/miner:1' is not allowed by the operator (DPD_ALLOWED_IMAGES" in str(exc.value)
+    local = resource(modelSourceConfig={"modelSourceType": "local", "modelLocation": "/etc"})
+    with pytest.raises(kopf.AdmissionError) as exc:
+        validate(body=local)
+    assert "hostPath '/etc' is not allowed by the operator (DPD_ALLOWED_HOST_PATHS" in str(exc.value)
+    monkeypatch.setenv("DPD_ALLOWED_IMAGES", "evil.example.com/*")
+    monkeypatch.setenv("DPD_ALLOWED_HOST_PATHS", "/models")
+    validate(body=resource(worker={"image": "evil.example.com/miner:1"}))
+    validate(body=resource(modelSourceConfig={"modelSourceType": "local", "modelLocation": "/models/smol"}))
+    with pytest.raises(kopf.AdmissionError):
+        validate(body=resource(modelSourceConfig={"modelSourceType": "local", "modelLocation": "/models/../etc"}))
+    policy = operator_policy(render_options())
+    assert policy.allows_image("dpd:0.1.0") and not policy.allows_image("dpd-evil:0.1.0")
+
+
+async def test_a_resource_the_policy_refuses_changes_nothing(monkeypatch):
+    from dpd.k8s.policy import OperatorPolicy
+
+    api = FakeApiServer()
+    status, actions = await reconcile(api, resource(worker={"image": "evil.example.com/miner:1"}), policy=OperatorPolicy(("dpd:0.1.0",)))
+    assert actions == [] and status["conditions"][0]["status"] == "False"
+    assert "not allowed by the operator" in status["conditions"][0]["message"]
 
 
 def test_kopf_validate_handler_answers_with_dpd_validate_messages():
