@@ -223,6 +223,11 @@ class RouterSpec(_Frozen):
         default=1024, ge=1, description="Concurrent connections and requests the router serves; past it new ones get "
         "a 503 at once (bounds what slow or flooding clients can hold)."
     )
+    metricsPort: int | None = Field(
+        default=None, ge=1, le=65535, description="Serve /metrics (it names tenants and workers) on this port only, "
+        "apart from the API. Unset: on the API port, and only while the router listens on loopback; bound to any other "
+        "address the router refuses it there (403). On a cluster the router uses 9090 when unset, open to Prometheus only."
+    )
     admission: AdmissionSpec = Field(default_factory=AdmissionSpec)
     overflowStatusCode: Literal[429, 503] = Field(
         default=429, description="The status of a request shed by admission control (a full queue or a wait past "
@@ -344,6 +349,8 @@ class PdSpec(_Frozen):
     @model_validator(mode="after")
     def _decode_deadline_within_lease(self) -> PdSpec:
         first_token_s, lease_s = self.router.decodeFirstTokenTimeoutS, self.kvTransferSpec.kvLeaseDurationS
+        if self.router.metricsPort is not None and self.router.metricsPort == self.router.port:
+            raise ValueError(f"router.metricsPort ({self.router.metricsPort}) must differ from router.port")
         if first_token_s >= lease_s:
             raise ValueError(
                 f"router.decodeFirstTokenTimeoutS ({first_token_s:g}s) must be shorter than "

@@ -46,6 +46,13 @@ ROUTER_TEARDOWN_S = 5  # after the drain, for the process to exit before the kub
 CONFIG_PATH = "/etc/dpd/config/config.yaml"
 SECRETS_PATH = "/etc/dpd/secrets/secrets.yaml"
 METRICS_LABEL = "dpd.dev/metrics"
+# The router's /metrics port on a cluster when router.metricsPort is unset (apart from the API,
+# reachable by Prometheus only); every scraped Service names its metrics port "metrics".
+CLUSTER_METRICS_PORT = 9090
+
+
+def metrics_port(config: InferenceEndpointConfig) -> int:
+    return config.spec.pdSpec.router.metricsPort or CLUSTER_METRICS_PORT
 SCRAPE_LABEL = "dpd.dev/scrape"  # on the namespace Prometheus runs in: it may scrape the workers
 POOLS = ("prefill", "decode")
 SECRET_ROUTER_KEYS = ("adminKeySha256",)
@@ -246,7 +253,8 @@ def _router_template(config: InferenceEndpointConfig, n: dict[str, str], images:
         "image": images["dpd"],
         "command": ["dpd", "k8s-router", CONFIG_PATH],
         "env": env,
-        "ports": [{"name": "http", "containerPort": router.port, "protocol": "TCP"}],
+        "ports": [{"name": "http", "containerPort": router.port, "protocol": "TCP"},
+                  {"name": "metrics", "containerPort": metrics_port(config), "protocol": "TCP"}],
         "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
         # /health is 200 only while a decoder is healthy: right for readiness (no traffic to a
         # router that can serve nothing), wrong for liveness (restarting it would not help).
@@ -298,13 +306,16 @@ def _services(config: InferenceEndpointConfig, n: dict[str, str], groups: list[W
             "spec": {"clusterIP": "None", "selector": group_selector(config, group), "ports": [
                 {"name": "http", "port": WORKER_HTTP_PORT, "targetPort": "http", "protocol": "TCP"},
                 {"name": "nixl", "port": SIDE_CHANNEL_PORT, "targetPort": "nixl", "protocol": "TCP"},
+                # vLLM serves /metrics on its API port; named for the ServiceMonitor.
+                {"name": "metrics", "port": CLUSTER_METRICS_PORT, "targetPort": "http", "protocol": "TCP"},
             ]},
         })
     meta = _meta(config, n["router"], "router", {METRICS_LABEL: "true"})
     port = config.spec.pdSpec.router.port
     out.append({"apiVersion": "v1", "kind": "Service", "metadata": meta, "spec": {
         "type": "ClusterIP", "selector": selector(config, "router"),
-        "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}],
+        "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"},
+                  {"name": "metrics", "port": metrics_port(config), "targetPort": "metrics", "protocol": "TCP"}],
     }})
     return out
 
@@ -343,7 +354,9 @@ def _network_policies(config: InferenceEndpointConfig, n: dict[str, str]) -> lis
         }},
         {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": _meta(config, n["router"], "router"), "spec": {
             "podSelector": {"matchLabels": selector(config, "router")}, "policyTypes": ["Ingress"],
-            "ingress": [{"ports": [{"port": router_port, "protocol": "TCP"}]}],
+            # The API from anywhere; /metrics (tenant and worker names) from Prometheus only.
+            "ingress": [{"ports": [{"port": router_port, "protocol": "TCP"}]},
+                        {"from": [prometheus], "ports": [{"port": metrics_port(config), "protocol": "TCP"}]}],
         }},
     ]
 
@@ -384,7 +397,7 @@ def render_config(config: InferenceEndpointConfig, document: dict[str, Any], opt
             "apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor", "metadata": _meta(config, config.metadata.name, "metrics"),
             "spec": {
                 "selector": {"matchLabels": {"app.kubernetes.io/instance": config.metadata.name, METRICS_LABEL: "true"}},
-                "endpoints": [{"port": "http", "path": "/metrics", "interval": f"{interval}s"}],
+                "endpoints": [{"port": "metrics", "path": "/metrics", "interval": f"{interval}s"}],
             },
         })
     return objects

@@ -29,7 +29,7 @@ from dpd.config.load import parse_config
 from dpd.config.model import InferenceEndpointConfig, tls_files
 from dpd.k8s.api import KubeApi
 from dpd.k8s.discovery import Endpoint, EndpointSliceWatcher
-from dpd.k8s.render import worker_groups
+from dpd.k8s.render import CLUSTER_METRICS_PORT, worker_groups
 from dpd.k8s.workers import model_argument
 from dpd.router import WORKER_KEY_ENV, Router, RouterSettings, make_server
 from dpd.router.pools import Pool
@@ -70,7 +70,8 @@ def load_document(config_path: str, secrets_path: str | None) -> dict[str, Any]:
 
 def cluster_settings(config: InferenceEndpointConfig) -> RouterSettings:
     spec = config.spec
-    router = spec.pdSpec.router.model_copy(update={"host": "0.0.0.0"})
+    base = spec.pdSpec.router
+    router = base.model_copy(update={"host": "0.0.0.0", "metricsPort": base.metricsPort or CLUSTER_METRICS_PORT})
     return RouterSettings.for_endpoint(spec, tokenizer_path=model_argument(config), router=router,
                                        worker_api_key=os.environ.get(WORKER_KEY_ENV) or None)
 

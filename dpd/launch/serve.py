@@ -111,6 +111,8 @@ class Endpoint:
         if not self.is_colocated:
             ports.update({p.side_channel_port: f"{p.name} NIXL side channel" for p in plans})
         ports[router_spec.port] = "router"
+        if router_spec.metricsPort is not None:
+            ports[router_spec.metricsPort] = "router metrics"
         _check_ports_free("127.0.0.1", ports)
         if oversubscribed(plans):
             self.say("warning: more worker cores requested than this machine has; workers share cores")

@@ -33,7 +33,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from dpd.config.model import EndpointSpec, KvTransferSpec, PdSpec, RouterSpec, TenantSpec
-from dpd.router.admin import AdminApi, WorkerControl
+from dpd.router.admin import LOOPBACK_BINDS, AdminApi, WorkerControl
 from dpd.router.admission import gate_from_spec
 from dpd.router.aggregate import StreamAggregator, is_usage_only
 from dpd.router.breaker import BreakerState, CircuitBreaker
@@ -126,6 +126,7 @@ class Router:
         self._session: aiohttp.ClientSession | None = None
         self._prober: HealthProber | None = None
         self.kv_watch: KvWatch | None = None
+        self._named_workers: set[str] = set()  # the workers the metrics have series for
         self.flow: PdFlow | None = None
 
     def _make_pool(self, name: str, urls: tuple[str, ...], names: tuple[str, ...]) -> Pool:
@@ -184,6 +185,10 @@ class Router:
 
     def _refresh_gauges(self) -> None:
         m = self.metrics
+        present = {w.name for pool in (self.prefill, self.decode) for w in pool.workers}
+        for gone in self._named_workers - present:  # removed by discovery: its series go too
+            m.forget_worker(gone)
+        self._named_workers = present
         for pool in (self.prefill, self.decode):
             if pool.breaker is not None:
                 pool.breaker.allows_request()  # an expired cooldown shows as half-open
@@ -487,6 +492,18 @@ class Router:
         return JSONResponse({"status": "ok" if is_ok else "unavailable", "pools": pools}, status_code=200 if is_ok else 503)
 
     async def metrics_endpoint(self, request: Request) -> Response:
+        """``/metrics`` on the API port: it names tenants and workers, so it is served there only
+        while the router listens on loopback and has no metrics port of its own."""
+        spec = self.settings.spec
+        if spec.metricsPort is not None:
+            raise ApiError(404, f"/metrics is served on port {spec.metricsPort} (router.metricsPort), not on the API port.",
+                           type="not_found_error")
+        if spec.host not in LOOPBACK_BINDS:
+            raise ApiError(403, f"The router listens on {spec.host}: /metrics needs router.metricsPort, a port only "
+                           "Prometheus may reach.", type="permission_error")
+        return self.metrics_response()
+
+    def metrics_response(self) -> Response:
         self._refresh_gauges()
         return Response(self.metrics.exposition(), media_type="text/plain; version=0.0.4")
 

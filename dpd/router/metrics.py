@@ -116,5 +116,25 @@ class RouterMetrics:
             ["pool", "worker", "kind"], registry=r,
         )
 
+    WORKER_LABELS = ("worker", "decoder", "prefiller")  # labels that name a worker
+
+    def forget_worker(self, name: str) -> int:
+        """Remove every series that names worker ``name`` (a pod gone for good: its series would
+        otherwise stay forever, and pods come and go); returns how many were removed."""
+        removed = 0
+        for collector in list(self.registry._collector_to_names):  # every metric of this router
+            label_names = getattr(collector, "_labelnames", ())
+            if not any(label in label_names for label in self.WORKER_LABELS):
+                continue
+            for family in collector.collect():
+                for sample in family.samples:
+                    if any(sample.labels.get(label) == name for label in self.WORKER_LABELS):
+                        try:
+                            collector.remove(*(sample.labels[label] for label in label_names))  # type: ignore[attr-defined]
+                            removed += 1
+                        except KeyError:  # a counter's _created sample, already removed with its _total
+                            pass
+        return removed
+
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,22 +1,61 @@
-"""Run a ``Router`` under uvicorn, standalone (``dpd route``) or inside the launcher's loop."""
+"""Run a ``Router`` under uvicorn, standalone (``dpd route``) or inside the launcher's loop.
+
+With ``router.metricsPort`` set, the server also serves ``/metrics`` — and nothing else — on
+that port, started and stopped with the API's (``RouterServer.serve``)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 from collections.abc import Iterator
+from typing import Any
 
 import uvicorn
+from starlette.applications import Starlette
+from starlette.routing import Route
 
 from dpd.router.app import Router, build_app
 
 
-class _EmbeddedServer(uvicorn.Server):
+class _QuietServer(uvicorn.Server):
     """A uvicorn server that leaves signals to its owner (the launcher handles Ctrl-C)."""
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+
+class RouterServer(uvicorn.Server):
+    """The API server; ``metrics`` (when set) runs beside it for as long as it runs."""
+
+    metrics: uvicorn.Server | None = None
+
+    async def serve(self, sockets: Any = None) -> None:
+        if self.metrics is None:
+            return await super().serve(sockets)
+        metrics_task = asyncio.create_task(self.metrics.serve(), name="router-metrics")
+        try:
+            await super().serve(sockets)
+        finally:
+            self.metrics.should_exit = True
+            await asyncio.gather(metrics_task, return_exceptions=True)
+
+
+class _EmbeddedServer(RouterServer):
+    """A router server that leaves signals to its owner (the launcher handles Ctrl-C)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def metrics_server(router: Router, host: str, port: int) -> uvicorn.Server:
+    """``/metrics`` alone, on its own port (no lifespan: the API server runs the router's)."""
+    app = Starlette(routes=[Route("/metrics", lambda request: router.metrics_response(), methods=["GET"])])
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="off",
+                            proxy_headers=False, limit_concurrency=64)
+    return _QuietServer(config)
 
 
 def make_server(router: Router, host: str, port: int, *, is_embedded: bool, graceful_s: float = 5.0,
@@ -39,4 +78,8 @@ def make_server(router: Router, host: str, port: int, *, is_embedded: bool, grac
         ssl_certfile=tls[0] if tls else None,
         ssl_keyfile=tls[1] if tls else None,
     )
-    return _EmbeddedServer(config) if is_embedded else uvicorn.Server(config)
+    server = _EmbeddedServer(config) if is_embedded else RouterServer(config)
+    metrics_port = router.settings.spec.metricsPort
+    if metrics_port is not None:
+        server.metrics = metrics_server(router, host, metrics_port)
+    return server

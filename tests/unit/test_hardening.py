@@ -204,6 +204,57 @@ async def test_a_router_bound_beyond_loopback_needs_the_admin_key(make_router):
     assert resp.status_code == 403 and "adminKeySha256" in resp.json()["error"]["message"]
 
 
+# -- /metrics names tenants and workers (issue 16, finding 9) --------------------------------------
+async def test_a_router_bound_beyond_loopback_serves_metrics_only_on_its_metrics_port(make_router):
+    client = await make_router(None, ScriptedWorker(), host="0.0.0.0")
+    resp = await client.get("/metrics")
+    assert resp.status_code == 403 and "router.metricsPort" in resp.json()["error"]["message"]
+    client = await make_router(None, ScriptedWorker(), host="0.0.0.0", metricsPort=9999)
+    assert (await client.get("/metrics")).status_code == 404
+
+
+async def test_the_metrics_port_serves_metrics_and_nothing_else(served, unused_tcp_port_factory):
+    metrics_port = unused_tcp_port_factory()
+    url, router = await served(metricsPort=metrics_port)
+    async with httpx.AsyncClient(timeout=10) as http:
+        assert (await http.post(url + "/v1/completions", json=BODY)).status_code == 200
+        page = await http.get(f"http://127.0.0.1:{metrics_port}/metrics")
+        assert page.status_code == 200 and "dpd_requests_total" in page.text
+        assert (await http.get(f"http://127.0.0.1:{metrics_port}/v1/models")).status_code == 404
+        assert (await http.get(url + "/metrics")).status_code == 404
+    router.server.should_exit = True  # type: ignore[attr-defined]  # the metrics port closes with the API's
+    await asyncio.sleep(0.5)
+    with pytest.raises(httpx.ConnectError):
+        async with httpx.AsyncClient(timeout=2) as http:
+            await http.get(f"http://127.0.0.1:{metrics_port}/metrics")
+
+
+async def test_a_removed_workers_series_leave_the_metrics(make_router):
+    """Pods come and go on a cluster: a worker discovery no longer lists leaves no series behind."""
+    first, second = ScriptedWorker(), ScriptedWorker()
+    client = await make_router(None, [first, second])
+    for _ in range(4):
+        assert (await client.post("/v1/completions", json=BODY)).status_code == 200
+    text = (await client.get("/metrics")).text
+    assert 'worker="decode-1"' in text and 'worker="decode-0"' in text
+    router = client.router  # type: ignore[attr-defined]
+    kept = router.decode.find("decode-0")
+    router.decode.replace_workers([(kept.name, kept.url)])
+    text = (await client.get("/metrics")).text
+    assert 'decode-1"' not in text and 'worker="decode-0"' in text
+
+
+async def test_prompt_token_ids_are_bounded_before_forwarding(make_router):
+    """A prompt of token ids longer than the context, or with a negative id, never reaches a worker."""
+    worker = ScriptedWorker()
+    client = await make_router(None, worker)
+    long = await client.post("/v1/completions", json={**BODY, "prompt": [1] * 5000})
+    assert long.status_code == 400 and long.json()["error"]["code"] == "context_length_exceeded"
+    negative = await client.post("/v1/completions", json={**BODY, "prompt": [1, -2, 3]})
+    assert negative.status_code == 400
+    assert worker.bodies == []
+
+
 # -- tenants: the buckets before the tokenizer -----------------------------------------------------
 async def test_a_tenant_over_its_rate_is_refused_before_its_prompt_is_tokenized(make_router):
     tenant = TenantSpec(name="t", apiKeySha256=(hash_key("key-t"),), requestsPerSecond=0.01, burstRequests=1)
