@@ -156,6 +156,15 @@ class TenantSpec(_Frozen):
         default=None, gt=0, description="Token bucket rate on prompt tokens, as the router's tokenizer counts them."
     )
     burstPromptTokens: int | None = Field(default=None, ge=1, description="Bucket size on prompt tokens; default 10 s of rate.")
+    outputTokensPerSecond: float | None = Field(
+        default=None, gt=0, description="Token bucket rate on generated tokens, metered from each answer's usage after "
+        "it ends: a tenant whose bucket is empty is refused (429) until it refills."
+    )
+    burstOutputTokens: int | None = Field(default=None, ge=1, description="Bucket size on generated tokens; default 10 s of rate.")
+    maxConcurrentRequests: int | None = Field(
+        default=None, ge=1, description="Requests of this tenant served at once (streams included); past it a 429 at "
+        "once, before the body is read (unset = no cap). The admission queues are shared fairly between tenants either way."
+    )
     dedicatedWorkers: tuple[str, ...] = Field(
         default=(), description="Workers (e.g. decode-1, prefill-1) only this tenant may use; its requests use "
         "only these in every pool where it has some. On a cluster, their number per pool is a Deployment of the tenant's own."

@@ -228,6 +228,7 @@ class Router:
             tenant = self._authenticate(request)
             if tenant is not None:
                 self._check_tenant_limits(tenant, None)  # before the body is read and tokenized
+                finish = _both(finish, self._enter_tenant(tenant))
             try:
                 raw = await self._read_body(request)
             except ClientDisconnect:
@@ -314,6 +315,25 @@ class Router:
             await asyncio.sleep(0.1)
         return self.num_active
 
+    def _enter_tenant(self, tenant: Tenant) -> Callable[[], None]:
+        try:
+            return tenant.enter()
+        except ApiError as error:
+            self.metrics.tenant_rate_limited.labels(tenant.name, error.param or "").inc()
+            raise
+
+    def _output_meter(self, ctx: RequestContext) -> Callable[[int], None] | None:
+        """What counts a tenant's generated tokens (its metric and its output bucket)."""
+        tenant = self.tenants.tenants.get(ctx.tenant) if ctx.tenant else None
+        if tenant is None:
+            return None
+
+        def meter(num_tokens: int) -> None:
+            self.metrics.tenant_output_tokens.labels(tenant.name).inc(num_tokens)
+            tenant.meter_output(num_tokens)
+
+        return meter
+
     def _authenticate(self, request: Request) -> Tenant | None:
         try:
             return self.tenants.authenticate(request.headers.get("authorization"))
@@ -366,7 +386,7 @@ class Router:
 
     async def _relay(self, ctx: RequestContext, continued: ContinuedStream, want_usage: bool) -> AsyncIterator[bytes]:
         stream = continued.stream
-        timer = TokenTimer(self.metrics, stream.path_label, ctx.started_at)
+        timer = TokenTimer(self.metrics, stream.path_label, ctx.started_at, self._output_meter(ctx))
         outcome = "ok"
         try:
             async for raw, chunk in continued.events():
@@ -392,7 +412,7 @@ class Router:
             timer.finish(outcome)
 
     async def _aggregate(self, ctx: RequestContext, continued: ContinuedStream, is_chat: bool) -> dict[str, Any]:
-        timer = TokenTimer(self.metrics, continued.stream.path_label, ctx.started_at)
+        timer = TokenTimer(self.metrics, continued.stream.path_label, ctx.started_at, self._output_meter(ctx))
         aggregator = StreamAggregator(is_chat)
         outcome = "worker_error"
         try:
@@ -443,9 +463,14 @@ class Router:
         return await self._utility(request, answer)
 
     async def _utility(self, request: Request, answer: Callable[[bytes], Awaitable[dict[str, Any]]]) -> Response:
-        """Auth (a tenant's key, as for inference) → body → the answer; every error OpenAI-style."""
+        """Auth (a tenant's key, as for inference), the tenant's request bucket and concurrency cap
+        (tokenizing is work too) → body → the answer; every error OpenAI-style."""
+        leave = noop
         try:
-            self._authenticate(request)
+            tenant = self._authenticate(request)
+            if tenant is not None:
+                self._check_tenant_limits(tenant, 0)  # one request from its bucket, no prompt tokens
+                leave = self._enter_tenant(tenant)
             try:
                 raw = await self._read_body(request)
             except ClientDisconnect:
@@ -453,6 +478,8 @@ class Router:
             return JSONResponse(await answer(raw))
         except ApiError as error:
             return error.response()
+        finally:
+            leave()
 
     async def _read_body(self, request: Request) -> bytes:
         return await read_body(request, MAX_BODY_BYTES, self.settings.spec.bodyReadTimeoutS)
@@ -506,6 +533,16 @@ class Router:
     def metrics_response(self) -> Response:
         self._refresh_gauges()
         return Response(self.metrics.exposition(), media_type="text/plain; version=0.0.4")
+
+
+def _both(first: Callable[[], None], second: Callable[[], None]) -> Callable[[], None]:
+    def run() -> None:
+        try:
+            first()
+        finally:
+            second()
+
+    return run
 
 
 def build_app(router: Router) -> Starlette:

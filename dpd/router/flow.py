@@ -245,15 +245,15 @@ class PdFlow:
                 return stream
             self._metrics.fallbacks.labels(reason.value).inc()
             log.warning("request %s: falling back to the direct path (%s)", ctx.request_id, reason.value)
-            stream = await self._admitted_to_decode(self._direct(ctx, FALLBACK))
+            stream = await self._admitted_to_decode(self._direct(ctx, FALLBACK), ctx.tenant)
             stream.fallback_reason = reason.value
             return stream
-        return await self._admitted_to_decode(self._direct(ctx, Path.DIRECT.value, first=ctx.decision.decode))
+        return await self._admitted_to_decode(self._direct(ctx, Path.DIRECT.value, first=ctx.decision.decode), ctx.tenant)
 
-    async def _admitted_to_decode(self, hop: Awaitable[UpstreamStream]) -> UpstreamStream:
+    async def _admitted_to_decode(self, hop: Awaitable[UpstreamStream], tenant: str | None) -> UpstreamStream:
         """Run a decode hop holding a decode admission slot; the stream releases it on close."""
         try:
-            release = await admit(self._decode_gate, "decode", self._metrics)
+            release = await admit(self._decode_gate, "decode", self._metrics, tenant=tenant)
         except BaseException:
             if asyncio.iscoroutine(hop):
                 hop.close()  # never awaited
@@ -273,7 +273,7 @@ class PdFlow:
             return None, HopOutcome.PREFILL_BREAKER_OPEN
         reason = HopOutcome.CANCELLED
         try:
-            release = await admit(self._prefill_gate, "prefill", self._metrics)
+            release = await admit(self._prefill_gate, "prefill", self._metrics, tenant=ctx.tenant)
             try:
                 worker = self._take(self._prefill, ctx.decision.prefill, ctx.tenant)
                 if worker is None:
@@ -381,7 +381,8 @@ class PdFlow:
         # The prefilled KV is held for kvLeaseDurationS: a decode hop queued past half of it could
         # find it expired and recompute the prompt while counting as disaggregated, so it waits
         # for a decode slot no longer (a 429 instead).
-        release = await admit(self._decode_gate, "decode", self._metrics, max_wait_s=self._kv_lease_duration_s / 2)
+        release = await admit(self._decode_gate, "decode", self._metrics, max_wait_s=self._kv_lease_duration_s / 2,
+                              tenant=ctx.tenant)
         try:
             worker = self._take(self._decode, ctx.decision.decode, ctx.tenant)
             if worker is None:

@@ -104,6 +104,10 @@ class RouterMetrics:
         self.tenant_prompt_tokens = Counter(
             "dpd_tenant_prompt_tokens", "Prompt tokens admitted per tenant (router's count).", ["tenant"], registry=r
         )
+        self.tenant_output_tokens = Counter(
+            "dpd_tenant_output_tokens", "Generated tokens per tenant (the answers' usage), metered against "
+            "tenants[].outputTokensPerSecond.", ["tenant"], registry=r,
+        )
         self.auth_failures = Counter("dpd_auth_failures", "Requests refused with 401.", ["reason"], registry=r)
         # KV that no decode hop took, and KV transfers the engine reports lost (kvwatch.py).
         self.kv_abandoned = Counter(

@@ -72,7 +72,9 @@ class RelayResponse(StreamingResponse):
 class TokenTimer:
     """Records TTFT, inter-token gaps, E2E and output tokens of one relayed stream."""
 
-    def __init__(self, metrics: RouterMetrics, path: str, started_at: float):
+    def __init__(self, metrics: RouterMetrics, path: str, started_at: float,
+                 on_output: Callable[[int], None] | None = None):
+        self._on_output = on_output  # the tenant's metering of generated tokens
         self._metrics = metrics
         self._path = path
         self._started_at = started_at
@@ -96,6 +98,8 @@ class TokenTimer:
     def finish(self, outcome: str, count_request: bool = True) -> None:
         if self._num_output_tokens:
             self._metrics.output_tokens_total.labels(self._path).inc(self._num_output_tokens)
+            if self._on_output is not None:
+                self._on_output(self._num_output_tokens)
         self._metrics.e2e.labels(self._path).observe(time.monotonic() - self._started_at)
         if count_request:
             self._metrics.requests.labels(self._path, outcome).inc()

@@ -81,6 +81,9 @@ class Tenant:
     requests: TokenBucket | None
     prompt_tokens: TokenBucket | None
     dedicated_workers: tuple[str, ...]
+    output_tokens: TokenBucket | None = None
+    max_concurrent: int | None = None
+    num_in_flight: int = 0  # requests of this tenant being served now
 
     @classmethod
     def from_spec(cls, spec: TenantSpec, clock: Callable[[], float] = time.monotonic) -> Tenant:
@@ -91,7 +94,37 @@ class Tenant:
         if spec.promptTokensPerSecond:
             burst = spec.burstPromptTokens or math.ceil(10 * spec.promptTokensPerSecond)
             prompt_tokens = TokenBucket(spec.promptTokensPerSecond, burst, clock)
-        return cls(spec.name, requests, prompt_tokens, spec.dedicatedWorkers)
+        output_tokens = None
+        if spec.outputTokensPerSecond:
+            burst = spec.burstOutputTokens or math.ceil(10 * spec.outputTokensPerSecond)
+            output_tokens = TokenBucket(spec.outputTokensPerSecond, burst, clock)
+        return cls(spec.name, requests, prompt_tokens, spec.dedicatedWorkers, output_tokens, spec.maxConcurrentRequests)
+
+    def enter(self) -> Callable[[], None]:
+        """Count one request of this tenant until the returned (idempotent) callable runs; a 429
+        at once when the tenant already has ``maxConcurrentRequests`` being served."""
+        if self.max_concurrent is not None and self.num_in_flight >= self.max_concurrent:
+            raise ApiError(
+                429, f"Tenant {self.name!r} already has {self.num_in_flight} requests in flight (its limit is "
+                f"{self.max_concurrent}); retry when one finishes.",
+                type="rate_limit_error", code="rate_limit_exceeded", param="max_concurrent_requests", retry_after_s=1.0,
+            )
+        self.num_in_flight += 1
+        done = False
+
+        def leave() -> None:
+            nonlocal done
+            if not done:
+                done = True
+                self.num_in_flight -= 1
+
+        return leave
+
+    def meter_output(self, num_tokens: int) -> None:
+        """Take an answer's generated tokens from the output bucket (it may go below zero: the
+        tenant is refused until it refills)."""
+        if self.output_tokens is not None and num_tokens > 0:
+            self.output_tokens.take(num_tokens)
 
     def check_before_work(self) -> None:
         """Refuse (429) before the router reads and tokenizes the prompt when a bucket could not
@@ -113,6 +146,8 @@ class Tenant:
             waits["requests_per_second"] = self.requests.wait_s(1)
         if self.prompt_tokens is not None:
             waits["prompt_tokens_per_second"] = self.prompt_tokens.wait_s(num_prompt_tokens)
+        if self.output_tokens is not None:
+            waits["output_tokens_per_second"] = self.output_tokens.wait_s(0)  # in debt: wait for the refill
         refused = {limit: s for limit, s in waits.items() if s > 0}
         if refused:
             limit = max(refused, key=refused.__getitem__)

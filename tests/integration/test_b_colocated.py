@@ -4,7 +4,8 @@ Runs after the disaggregated module (file order), so the greedy output recorded 
 compared: the disaggregated path must be token-identical to colocated serving.
 
 Tenants: `a` shares decode-0; `b` has decode-1 to itself; `limited` shares decode-0 under token
-buckets (1 request/s, burst 2; 400 prompt tokens/s, burst 800). Every request needs a key.
+buckets (1 request/s, burst 2; 400 prompt tokens/s, burst 800); `flood` shares decode-0 with at
+most 2 requests at once. Every request needs a key.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def endpoint(tmp_path_factory, model_dir):
         {"name": "b", "apiKeySha256": [hash_key("key-b")], "dedicatedWorkers": ["decode-1"]},
         {"name": "limited", "apiKeySha256": [hash_key("key-limited")], "requestsPerSecond": 1, "burstRequests": 2,
          "promptTokensPerSecond": 400, "burstPromptTokens": 800},
+        {"name": "flood", "apiKeySha256": [hash_key("key-flood")], "maxConcurrentRequests": 2},
     ]
     config = write_config(
         tmp / "endpoint.yaml", router_port=18010, worker_base_port=18200, side_channel_base_port=15700, worker_args=WORKER_ARGS,
@@ -134,3 +136,52 @@ def test_streaming_chat(endpoint):
         events = [line for line in resp.iter_lines() if line.startswith(b"data: ")]
     assert events[-1] == b"data: [DONE]"
     assert len(events) >= 3
+
+
+SHORT_TTFT_SLO_S = 5.0  # the short requests' TTFT objective of this test (a 100-token prompt)
+
+
+def _ttft(url: str, tenant: str, prompt: str) -> float:
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 8, "stream": True}
+    started = time.monotonic()
+    with requests.post(url, json=body, headers=key(tenant), stream=True, timeout=120) as resp:
+        assert resp.status_code == 200, resp.text
+        for line in resp.iter_lines():
+            if line.startswith(b"data: {"):
+                ttft = time.monotonic() - started
+                break
+        for _ in resp.iter_lines():
+            pass
+    return ttft
+
+
+def test_a_flooding_tenant_leaves_the_other_admitted_and_within_its_slo(endpoint, make_prompt, capsys):
+    """Issue 16: tenant `flood` sends 8 requests at a time, without pause, on the worker it shares
+    with `a`; `a`'s short requests are all admitted and meet their TTFT objective, because the
+    flood is held to its 2 concurrent requests (the rest get 429 at once, before any work)."""
+    url = endpoint.url + "/v1/completions"
+    solo = [_ttft(url, "a", make_prompt(100, seed=900 + i)) for i in range(3)]
+    stop = time.monotonic() + 600
+    codes: list[int] = []
+
+    def flood(i: int) -> None:
+        n = 0
+        while time.monotonic() < stop:
+            body = {"model": MODEL, "prompt": make_prompt(300, seed=950 + 100 * i + n), "max_tokens": 48}
+            codes.append(requests.post(url, json=body, headers=key("flood"), timeout=300).status_code)
+            n += 1
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        flooders = [pool.submit(flood, i) for i in range(8)]
+        time.sleep(2)  # the flood is on
+        under_flood = [_ttft(url, "a", make_prompt(100, seed=920 + i)) for i in range(6)]
+        stop = time.monotonic()
+        for f in flooders:
+            f.result()
+    with capsys.disabled():
+        print(f"\n[two tenants] a's TTFT alone {[round(t, 2) for t in solo]} s; beside the flood "
+              f"{[round(t, 2) for t in under_flood]} s (objective {SHORT_TTFT_SLO_S} s); flood: "
+              f"{codes.count(200)} served, {codes.count(429)} refused with 429")
+    assert max(under_flood) <= SHORT_TTFT_SLO_S
+    assert set(codes) <= {200, 429} and codes.count(429) > 0 and codes.count(200) > 0
+    assert scrape(endpoint.url, "dpd_tenant_rate_limited_total", tenant="flood", limit="max_concurrent_requests") > 0

@@ -86,3 +86,67 @@ async def test_slot_is_released_when_the_request_fails():
 def test_invalid_limits(args):
     with pytest.raises(ValueError):
         AdmissionGate(*args)
+
+
+# -- tenants share the gate fairly (issue 16, finding 6) -------------------------------------------
+async def test_a_freed_slot_goes_to_the_tenant_holding_fewest():
+    gate = AdmissionGate(max_in_flight=2, max_queue=10, queue_timeout_s=5)
+    await gate.acquire(tenant="flood")
+    await gate.acquire(tenant="flood")
+    order: list[str] = []
+
+    async def wait(tenant: str) -> None:
+        await gate.acquire(tenant=tenant)
+        order.append(tenant)
+
+    waiters = [asyncio.create_task(wait(t)) for t in ("flood", "flood", "flood", "quiet")]
+    await asyncio.sleep(0.01)
+    gate.release("flood")  # quiet arrived last but holds nothing: it goes first
+    await asyncio.sleep(0.01)
+    assert order == ["quiet"]
+    gate.release("flood")
+    gate.release("quiet")
+    await asyncio.sleep(0.01)
+    assert order == ["quiet", "flood", "flood"]
+    assert gate.held_by("flood") == 2 and gate.num_in_flight == 2
+    for _ in range(2):
+        gate.release("flood")
+    await asyncio.gather(*waiters)
+    gate.release("flood")
+    assert gate.num_in_flight == 0 and gate.queue_depth == 0
+
+
+async def test_a_full_queue_makes_room_for_another_tenant_by_displacing_the_flood():
+    gate = AdmissionGate(max_in_flight=1, max_queue=3, queue_timeout_s=5)
+    await gate.acquire(tenant="flood")
+    flood = [asyncio.create_task(gate.acquire(tenant="flood")) for _ in range(3)]
+    await asyncio.sleep(0.01)
+    with pytest.raises(ApiError):  # the flood cannot displace itself
+        await gate.acquire(tenant="flood")
+    quiet = asyncio.create_task(gate.acquire(tenant="quiet"))
+    await asyncio.sleep(0.01)
+    assert flood[2].done() and isinstance(flood[2].exception(), ApiError)  # the newest flood waiter gave way
+    assert flood[2].exception().status == 429 and not quiet.done()
+    gate.release("flood")
+    await asyncio.sleep(0.01)
+    assert quiet.done() and gate.held_by("quiet") == 1
+    gate.release("quiet")
+    await flood[0]
+    gate.release("flood")
+    await flood[1]
+    gate.release("flood")
+    assert gate.num_in_flight == 0 and gate.queue_depth == 0 and gate.num_shed == 2
+
+
+async def test_without_tenants_the_queue_is_fifo_and_never_displaces():
+    gate = AdmissionGate(max_in_flight=1, max_queue=1, queue_timeout_s=5)
+    await gate.acquire()
+    first = asyncio.create_task(gate.acquire())
+    await asyncio.sleep(0.01)
+    with pytest.raises(ApiError):
+        await gate.acquire()
+    assert not first.done()
+    gate.release()
+    await first
+    gate.release()
+    assert gate.num_in_flight == 0

@@ -442,3 +442,43 @@ async def test_outcome_row_end_to_end_through_the_flow(make_router, outcome):
         assert pool_breaker.state is BreakerState.OPEN  # refused, not told: still open
     else:
         assert pool_breaker.num_consecutive_failures == 0 and pool_breaker.state is BreakerState.CLOSED
+
+
+async def test_a_flooding_tenant_leaves_another_admitted(make_router):
+    """Issue 16, finding 6: one tenant floods the shared decode pool (far more requests than slots
+    and queue); the other tenant's requests are all admitted — the flood is capped per tenant and
+    the queue makes room for the quiet tenant — while the flood gets 429s."""
+    from dpd.config.model import TenantSpec
+    from dpd.router.tenants import hash_key
+
+    tenants = (TenantSpec(name="flood", apiKeySha256=(hash_key("key-flood"),), maxConcurrentRequests=6),
+               TenantSpec(name="quiet", apiKeySha256=(hash_key("key-quiet"),)))
+    client = await make_router(None, ScriptedWorker(token_delay_s=0.2), tenants=tenants,
+                               admission={"decode": {"maxInFlight": 2, "maxQueue": 4, "queueTimeoutS": 10}})
+    flood = [asyncio.create_task(client.post("/v1/completions", json=BODY, headers={"Authorization": "Bearer key-flood"}))
+             for _ in range(20)]
+    await asyncio.sleep(0.1)
+    quiet_started = time.monotonic()
+    quiet = await asyncio.gather(*(client.post("/v1/completions", json=BODY, headers={"Authorization": "Bearer key-quiet"})
+                                   for _ in range(3)))
+    quiet_s = time.monotonic() - quiet_started
+    flood_codes = [r.status_code for r in await asyncio.gather(*flood)]
+    assert [r.status_code for r in quiet] == [200, 200, 200]
+    assert flood_codes.count(429) >= 14 and 200 in flood_codes
+    assert quiet_s < 3.0, quiet_s  # served beside the flood's two slots, not behind its queue
+    text = (await client.get("/metrics")).text
+    assert metric(text, 'dpd_tenant_rate_limited_total{limit="max_concurrent_requests",tenant="flood"}') >= 14
+
+
+async def test_tokenize_counts_against_the_tenants_request_bucket(make_router):
+    """Issue 16, finding 6: /tokenize is work too — a tenant's request bucket and cap apply."""
+    from dpd.config.model import TenantSpec
+    from dpd.router.tenants import hash_key
+
+    tenants = (TenantSpec(name="t", apiKeySha256=(hash_key("key-t"),), requestsPerSecond=0.01, burstRequests=1),)
+    client = await make_router(None, ScriptedWorker(), tenants=tenants)
+    auth = {"Authorization": "Bearer key-t"}
+    assert (await client.post("/tokenize", json={"model": "m", "prompt": "a b c"}, headers=auth)).status_code == 200
+    second = await client.post("/tokenize", json={"model": "m", "prompt": "a b c"}, headers=auth)
+    assert second.status_code == 429 and second.json()["error"]["param"] == "requests_per_second"
+    assert client.router.tenants.tenants["t"].num_in_flight == 0  # type: ignore[attr-defined]

@@ -152,3 +152,29 @@ def test_dpd_route_sends_the_workers_key(monkeypatch):
     assert route_settings(args).worker_api_key == "k-env"
     args = build_parser().parse_args(["route", "--decode", "http://d", "--tokenizer", "t", "--worker-key", "k-arg"])
     assert route_settings(args).worker_api_key == "k-arg"
+
+
+# -- concurrency caps and output metering (issue 16, finding 6) ------------------------------------
+def test_a_tenant_over_its_concurrency_cap_is_refused_until_one_finishes():
+    tenant = Tenant.from_spec(TenantSpec(name="t", apiKeySha256=(VALID,), maxConcurrentRequests=2))
+    leave = [tenant.enter(), tenant.enter()]
+    with pytest.raises(ApiError) as info:
+        tenant.enter()
+    assert info.value.status == 429 and info.value.param == "max_concurrent_requests"
+    leave[0]()
+    leave[0]()  # idempotent
+    assert tenant.num_in_flight == 1
+    tenant.enter()
+
+
+def test_generated_tokens_are_metered_and_a_tenant_in_debt_waits():
+    clock = [0.0]
+    spec = TenantSpec(name="t", apiKeySha256=(VALID,), outputTokensPerSecond=10, burstOutputTokens=20)
+    tenant = Tenant.from_spec(spec, clock=lambda: clock[0])
+    tenant.check_limits(5)
+    tenant.meter_output(50)  # an answer longer than the bucket: 30 tokens of debt
+    with pytest.raises(ApiError) as info:
+        tenant.check_before_work()
+    assert info.value.param == "output_tokens_per_second" and info.value.retry_after_s == 3
+    clock[0] = 3.0
+    tenant.check_before_work()
