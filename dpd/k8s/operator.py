@@ -10,7 +10,8 @@ Run in a cluster with ``dpd operator`` (the Deployment ``dpd crd --operator`` pr
 Configured from the environment: ``DPD_IMAGE`` (the router's image; default the operator's
 own), ``DPD_WORKER_IMAGE`` (overrides ``spec.worker.image``), ``DPD_WEBHOOK_HOST`` (the
 webhook Service's DNS name; unset = no webhook, e.g. when running outside the cluster),
-``DPD_WEBHOOK_CERT_DIR`` (``tls.crt``/``tls.key``/``ca.crt`` of the webhook's certificate),
+``DPD_WEBHOOK_CERT_DIR`` (``tls.crt``/``tls.key``/``ca.crt`` of the webhook's certificate;
+unset = a self-signed one made at start, ``certs.py``),
 ``DPD_ALLOWED_IMAGES`` / ``DPD_ALLOWED_HOST_PATHS`` (what it may run and mount for a resource's
 author: ``dpd.k8s.policy``), ``DPD_WATCH_NAMESPACES`` (comma-separated: watch only these; the
 namespaced install sets it).
@@ -19,6 +20,8 @@ namespaced install sets it).
 from __future__ import annotations
 
 import os
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -26,6 +29,7 @@ import kopf
 
 from dpd.config.model import API_VERSION, KIND
 from dpd.k8s.api import KubeApi
+from dpd.k8s.certs import self_signed_certificate
 from dpd.k8s.operator_settings import WATCH_NAMESPACES_ENV, WEBHOOK_CONFIG, WEBHOOK_PORT
 from dpd.k8s.policy import OperatorPolicy
 from dpd.k8s.reconcile import reconcile
@@ -54,10 +58,12 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         return
     cert_dir = os.environ.get("DPD_WEBHOOK_CERT_DIR")
     # With a cert-manager (or any kubernetes.io/tls) Secret mounted there, serve that
-    # certificate; without, kopf makes a self-signed one (its optional `certbuilder` extra).
-    tls: dict[str, Any] = (
-        {"certfile": f"{cert_dir}/tls.crt", "pkeyfile": f"{cert_dir}/tls.key", "cafile": f"{cert_dir}/ca.crt"} if cert_dir else {}
-    )
+    # certificate; without, a self-signed one made now (kopf publishes it as the CA bundle).
+    if cert_dir:
+        tls: dict[str, Any] = {"certfile": f"{cert_dir}/tls.crt", "pkeyfile": f"{cert_dir}/tls.key", "cafile": f"{cert_dir}/ca.crt"}
+    else:
+        cert, key = self_signed_certificate(host, Path(tempfile.mkdtemp(prefix="dpd-webhook-")))
+        tls = {"certfile": str(cert), "pkeyfile": str(key)}
     settings.admission.server = kopf.WebhookServer(addr="0.0.0.0", port=WEBHOOK_PORT, host=host, **tls)
     settings.admission.managed = WEBHOOK_CONFIG
 

@@ -4,6 +4,7 @@ No Kubernetes API server can run on this machine (docs/kubernetes.md says why), 
 against ``k8s_fake.FakeApiServer``. Each lifecycle test is labelled step by step.
 """
 
+import asyncio
 import copy
 import json
 from pathlib import Path
@@ -341,3 +342,42 @@ async def test_the_workers_key_is_created_once_at_random_and_kept():
     assert not any("worker-key" in a for a in actions)
     again = await api.get(f"{SECRETS}/smollm2-minimal-worker-key")
     assert again.get("stringData", again.get("data", {}))["key"] == key
+
+
+async def test_the_webhook_gets_a_certificate_the_api_server_can_verify(monkeypatch, unused_tcp_port):
+    """Issue 16, finding 4: without a mounted certificate the operator makes its own (kopf's own
+    fallback needs a package the image lacks, so the install would fail at start). A TLS client
+    that trusts only the bundle kopf publishes verifies the server by the Service's DNS name."""
+    import ssl
+
+    import kopf
+
+    from dpd.k8s.operator import configure
+
+    host = "dpd-operator.dpd-system.svc"
+    monkeypatch.setenv("DPD_WEBHOOK_HOST", host)
+    monkeypatch.delenv("DPD_WEBHOOK_CERT_DIR", raising=False)
+    settings = kopf.OperatorSettings()
+    configure(settings=settings)
+    server = settings.admission.server
+    assert server.certfile and server.pkeyfile and oct(Path(server.pkeyfile).stat().st_mode & 0o777) == "0o600"
+    served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    served.load_cert_chain(server.certfile, server.pkeyfile)
+
+    async def answer(reader, writer):
+        writer.write(b"ok")
+        await writer.drain()
+        writer.close()
+
+    listener = await asyncio.start_server(answer, "127.0.0.1", unused_tcp_port, ssl=served)
+    try:
+        trusting = ssl.create_default_context(cafile=server.certfile)  # the CA bundle kopf publishes
+        for name in (host, "dpd-operator.dpd-system", "dpd-operator"):
+            reader, writer = await asyncio.open_connection("127.0.0.1", unused_tcp_port, ssl=trusting, server_hostname=name)
+            assert await reader.read() == b"ok"
+            writer.close()
+        with pytest.raises(ssl.SSLCertVerificationError):
+            await asyncio.open_connection("127.0.0.1", unused_tcp_port, ssl=trusting, server_hostname="elsewhere.svc")
+    finally:
+        listener.close()
+        await listener.wait_closed()
