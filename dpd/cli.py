@@ -175,13 +175,13 @@ def _cmd_bench_overhead(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench_run(args: argparse.Namespace) -> int:
-    from dpd.bench.run import SCENARIOS, BenchSpec, run
+    from dpd.bench.run import ALL_SCENARIOS, BenchSpec, run
     from dpd.bench.stats import Slo
 
     scenarios = tuple(s for s in args.scenarios.split(",") if s)
-    unknown = set(scenarios) - set(SCENARIOS)
+    unknown = set(scenarios) - set(ALL_SCENARIOS)
     if unknown:
-        print(f"dpd bench run: unknown scenario(s) {sorted(unknown)}; allowed: {', '.join(SCENARIOS)}", file=sys.stderr)
+        print(f"dpd bench run: unknown scenario(s) {sorted(unknown)}; allowed: {', '.join(ALL_SCENARIOS)}", file=sys.stderr)
         return 2
     spec = BenchSpec(
         trace_dir=args.trace, rates_rps=args.rates, duration_s=args.duration,
@@ -189,7 +189,7 @@ def _cmd_bench_run(args: argparse.Namespace) -> int:
         max_output_tokens=args.max_output_tokens, output_scale=args.output_scale, scenarios=scenarios,
         bisect_steps=args.bisect, compare_at=args.compare_at,
         sweep_thresholds=args.sweep_thresholds, sweep_rate_rps=args.sweep_rate,
-        workload=args.workload, burstiness=args.burstiness,
+        workload=args.workload, burstiness=args.burstiness, session_turns=args.session_turns,
     )
     if not spec.rates_rps:
         print("dpd bench run: --rates needs at least one rate", file=sys.stderr)
@@ -406,7 +406,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = bench.add_parser("run", help="scenarios side by side on the Azure trace: colocated, dpd, dpd-always, dpd-adaptive, vllm-router")
     b.add_argument("--scenarios", default="colocated,dpd,dpd-always,vllm-router",
-                   help="any of colocated, dpd, dpd-always, dpd-adaptive, vllm-router")
+                   help="any of colocated, colocated-prefix, dpd, dpd-always, dpd-adaptive, dpd-prefix, vllm-router "
+                   "(-prefix: with prefix-aware routing)")
     b.add_argument("--rates", type=_number_list(float, 0.001), default=(0.1, 0.25),
                    help="request rates (req/s) to run; with --bisect, the bracket LO,HI")
     b.add_argument("--bisect", type=int, default=0, metavar="STEPS",
@@ -419,6 +420,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--workload", choices=("trace", "synthetic", "sessions"), default="trace",
                    help="the Azure trace, a synthetic mix (70%% chat, 25%% retrieval, 5%% long), "
                         "or multi-turn agent sessions (prompts extend the previous turn: prefix reuse)")
+    b.add_argument("--session-turns", type=int, default=4, help="sessions: turns per session")
     b.add_argument("--burstiness", type=float, default=1.0, help="synthetic arrivals: gamma shape (1 = Poisson, <1 burstier)")
     b.add_argument("--duration", type=float, default=90, help="seconds of trace per rate")
     b.add_argument("--threshold", type=int, default=1024, help="routing threshold of the dpd scenario")

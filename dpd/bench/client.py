@@ -69,7 +69,10 @@ async def send(
                     continue
                 tokens_before = record.num_output_tokens
                 if chunk.get("usage"):
-                    record.num_output_tokens = chunk["usage"].get("completion_tokens") or 0
+                    usage = chunk["usage"]
+                    record.num_output_tokens = usage.get("completion_tokens") or 0
+                    record.num_prompt_tokens = usage.get("prompt_tokens") or 0
+                    record.num_cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
                 if any(c.get("text") for c in chunk.get("choices") or ()):
                     now = time.perf_counter()
                     num_new = record.num_output_tokens - tokens_before if chunk.get("usage") else 1

@@ -1,11 +1,14 @@
 """``dpd bench run``: scenarios side by side on the same cores, same workload, same rates.
 
 Scenarios:
-  colocated    ``dpd serve --colocated``: both workers as full servers behind dpd's router
-  dpd          ``dpd serve`` with the routing threshold
-  dpd-always   the same P/D endpoint with threshold 0 (every request disaggregated)
-  dpd-adaptive the same P/D endpoint under the adaptive policy (floor 0)
-  vllm-router  the same P/D workers behind ``vllm-router`` in its P/D mode (the peer)
+  colocated        ``dpd serve --colocated``: both workers as full servers behind dpd's router
+  colocated-prefix the same colocated endpoint with prefix-aware routing (router.prefixAware)
+  dpd              ``dpd serve`` with the routing threshold
+  dpd-always       the same P/D endpoint with threshold 0 (every request disaggregated)
+  dpd-adaptive     the same P/D endpoint under the adaptive policy (floor 0)
+  dpd-prefix       the adaptive policy with prefix-aware routing
+  vllm-router      the same P/D workers behind ``vllm-router`` in its P/D mode (the peer)
+(the ``-prefix`` scenarios are not in the default set: run them with ``--workload sessions``)
 Two endpoints are started on the same two cores, one after the other: the colocated one, then
 one P/D endpoint shared by the three P/D scenarios (the threshold is changed live through the
 admin API; vllm-router is put in front of its workers). Each scenario is warmed up first.
@@ -39,8 +42,10 @@ from dpd.bench.stats import RequestRecord, Slo, counter_totals, summarize
 from dpd.bench.workloads import Scaling, TraceRequest, agent_sessions, load_azure_trace, scale, synthetic
 from dpd.launch.child import ServeProcess, write_config
 
-SCENARIOS = ("colocated", "dpd", "dpd-always", "dpd-adaptive", "vllm-router")
-PD_SCENARIOS = ("dpd", "dpd-always", "dpd-adaptive", "vllm-router")
+SCENARIOS = ("colocated", "dpd", "dpd-always", "dpd-adaptive", "vllm-router")  # the default set
+ALL_SCENARIOS = ("colocated", "colocated-prefix", "dpd", "dpd-always", "dpd-adaptive", "dpd-prefix", "vllm-router")
+COLOCATED_SCENARIOS = ("colocated", "colocated-prefix")
+PD_SCENARIOS = ("dpd", "dpd-always", "dpd-adaptive", "dpd-prefix", "vllm-router")
 CAPACITY_ATTAINMENT = 0.9
 TRACE_OFFSET = 2000  # requests skipped: the trace's first minutes are sparser than the rest
 COUNTERS = ("dpd_pd_stalls_total", "dpd_fallbacks_total")
@@ -63,6 +68,7 @@ class BenchSpec:
     sweep_thresholds: tuple[int, ...] = ()
     sweep_rate_rps: float = 0.0  # 0: the dpd scenario's capacity
     workload: str = "trace"  # or "synthetic", or "sessions" (multi-turn, shared prefixes)
+    session_turns: int = 4  # sessions: turns per session (prompts from max/4, growing max/(2 x turns) per turn)
     burstiness: float = 1.0  # synthetic arrivals: gamma shape (1 = Poisson)
 
 
@@ -86,13 +92,14 @@ def trace_at_rate(base: list[TraceRequest], spec: BenchSpec, rate_rps: float) ->
 def workload_at_rate(base: list[TraceRequest], spec: BenchSpec, rate_rps: float) -> tuple[list[TraceRequest], str]:
     """The requests of one run and the description every report states."""
     if spec.workload == "sessions":
-        turns = 4
+        turns = spec.session_turns
+        growth = max(1, spec.max_prompt_tokens // (2 * turns))
         num_sessions = max(1, round(rate_rps * spec.duration_s / turns))
         trace = agent_sessions(num_sessions, rate_rps, turns=turns, first_prompt_tokens=spec.max_prompt_tokens // 4,
-                               tokens_per_turn=spec.max_prompt_tokens // 8, output_tokens=spec.max_output_tokens,
+                               tokens_per_turn=growth, output_tokens=spec.max_output_tokens,
                                max_prompt_tokens=spec.max_prompt_tokens, seed=int(rate_rps * 1000))
         return trace, (f"agent sessions: {num_sessions} × {turns} turns 5 s apart, prompts from "
-                       f"{spec.max_prompt_tokens // 4} growing {spec.max_prompt_tokens // 8} per turn (shared prefixes), "
+                       f"{spec.max_prompt_tokens // 4} growing {growth} per turn (shared prefixes), "
                        f"outputs {spec.max_output_tokens}, sessions at {rate_rps / turns:g}/s")
     if spec.workload == "synthetic":
         num = max(2, round(rate_rps * spec.duration_s))
@@ -147,9 +154,10 @@ def set_threshold(serve: ServeProcess, tokens: int) -> None:
     resp.raise_for_status()
 
 
-def set_policy(serve: ServeProcess, policy: str) -> None:
-    """Switch the live routing policy (admin API)."""
-    requests.put(serve.url + "/admin/policy", json={"policy": policy}, timeout=10).raise_for_status()
+def set_policy(serve: ServeProcess, policy: str, prefix_aware: bool = False) -> None:
+    """Switch the live routing policy and prefix-aware routing (admin API)."""
+    requests.put(serve.url + "/admin/policy", json={"policy": policy, "prefix_aware": prefix_aware},
+                 timeout=10).raise_for_status()
 
 
 @contextlib.contextmanager
@@ -236,21 +244,25 @@ def run(spec: BenchSpec, out_dir: Path) -> dict:
         (out_dir / "results.json").write_text(json.dumps(results, indent=1, default=str))
 
     compare_rps: float | None = None
-    if "colocated" in spec.scenarios:
+    colocated_names = [n for n in spec.scenarios if n in COLOCATED_SCENARIOS]
+    if colocated_names:
         with endpoint(True, spec, out_dir / "colocated") as serve:
-            sc = _run_scenario("colocated", serve.url, spec, base, None, serve)
-            if spec.compare_at > 0 and sc["capacity_rps"] > 0:
-                compare_rps = round(spec.compare_at * sc["capacity_rps"], 4)
-                Runner("colocated", serve.url, spec, base, sc).measure(compare_rps, "compare")
-            results["scenarios"]["colocated"] = sc
-            results["compare_rate_rps"] = compare_rps
-            save()
+            for name in colocated_names:
+                set_policy(serve, "threshold", prefix_aware=name == "colocated-prefix")
+                sc = _run_scenario(name, serve.url, spec, base, compare_rps, serve)
+                if name == "colocated" and spec.compare_at > 0 and sc["capacity_rps"] > 0:
+                    compare_rps = round(spec.compare_at * sc["capacity_rps"], 4)
+                    Runner("colocated", serve.url, spec, base, sc).measure(compare_rps, "compare")
+                results["scenarios"][name] = sc
+                results["compare_rate_rps"] = compare_rps
+                save()
     pd_names = [n for n in spec.scenarios if n in PD_SCENARIOS]
     if pd_names or spec.sweep_thresholds:
         with endpoint(False, spec, out_dir / "pd") as serve:
             for name in pd_names:
-                set_policy(serve, "adaptive" if name == "dpd-adaptive" else "threshold")
-                set_threshold(serve, 0 if name in ("dpd-always", "dpd-adaptive") else spec.threshold_tokens)
+                set_policy(serve, "adaptive" if name in ("dpd-adaptive", "dpd-prefix") else "threshold",
+                           prefix_aware=name == "dpd-prefix")
+                set_threshold(serve, 0 if name in ("dpd-always", "dpd-adaptive", "dpd-prefix") else spec.threshold_tokens)
                 if name == "vllm-router":
                     pool = serve.config.spec.pdSpec
                     base_port = pool.local.workerBasePort
@@ -345,6 +357,25 @@ def report(results: dict) -> str:
             ref = (base_cmp["by_class"].get(cls, {}) if cls else base_cmp["all"]).get(key, float("nan")) if base_cmp else float("nan")
             row += [_ms(mine), _ratio(mine, ref)]
         lines.append("| " + " | ".join(row) + " |")
+    if any(e["all"].get("prompt_tokens") for sc in scenarios.values() for e in sc["rates"]):
+        lines += ["", "Prefix caching (the workers' own usage: cached_tokens of prompt_tokens):", "",
+                  "| scenario | rate (req/s) | run | n | P50 TTFT (ms) | P99 TTFT (ms) | prefill tokens computed | "
+                  "prefix hit rate |", "|---|---|---|---|---|---|---|---|"]
+        for name, sc in scenarios.items():
+            for e in sorted(sc["rates"], key=lambda e: (e["rate_rps"], e.get("purpose", ""))):
+                a = e["all"]
+                lines.append(f"| {name} | {e['rate_rps']:g} | {e.get('purpose', '')} | {a['num_requests']:.0f} | "
+                             f"{_ms(a['ttft_p50_s'])} | {_ms(a['ttft_p99_s'])} | {a.get('prefill_tokens_computed', 0):.0f} | "
+                             f"{a.get('prefix_hit_rate', float('nan')):.0%} |")
+        for aware, blind in (("colocated-prefix", "colocated"), ("dpd-prefix", "dpd-adaptive")):
+            if aware in scenarios and blind in scenarios:
+                mine = {(e["rate_rps"], e.get("purpose")): e["all"] for e in scenarios[aware]["rates"]}
+                for e in scenarios[blind]["rates"]:
+                    if (m := mine.get((e["rate_rps"], e.get("purpose")))) is not None:
+                        nan = float("nan")
+                        computed = _ratio(m.get("prefill_tokens_computed", nan), e["all"].get("prefill_tokens_computed", nan))
+                        lines.append(f"\n{aware} ÷ {blind} @ {e['rate_rps']:g} req/s: P50 TTFT "
+                                     f"{_ratio(m['ttft_p50_s'], e['all']['ttft_p50_s'])}, prefill tokens computed {computed}")
     if results.get("sweep"):
         lines += ["", f"Threshold sweep on the P/D endpoint at {results['sweep'][0]['rate_rps']:g} req/s:", "",
                   "| threshold (tokens) | attainment | goodput (req/s) | P99 TTFT (ms) | P99 ITL short (ms) | "

@@ -47,6 +47,8 @@ class RequestRecord:
     num_merged_chunks: int = 0  # chunks that carried more than one token (their gap is split per token)
     send_lag_s: float = 0.0  # actual send time − scheduled arrival: the client's own lag
     index: int = -1  # the request's position in its trace: pairs the same request across scenarios
+    num_prompt_tokens: int = 0  # the server's usage
+    num_cached_tokens: int = 0  # of those, served from a prefix cache (usage.prompt_tokens_details.cached_tokens)
 
     @property
     def tpot_s(self) -> float | None:
@@ -75,6 +77,11 @@ def summarize(records: list[RequestRecord], duration_s: float, slo: Slo) -> dict
     for name, values in (("ttft", ttfts), ("tpot", tpots), ("itl", itls)):
         for q in (50, 90, 99):
             out[f"{name}_p{q}_s"] = percentile(values, q / 100)
+    prompt = sum(r.num_prompt_tokens for r in ok)
+    cached = sum(r.num_cached_tokens for r in ok)
+    out["prompt_tokens"], out["cached_tokens"] = prompt, cached
+    out["prefill_tokens_computed"] = prompt - cached  # what the workers' prefix caches did not hold
+    out["prefix_hit_rate"] = cached / prompt if prompt else float("nan")
     out["slo_attainment"] = num_met / len(records) if records else float("nan")
     out["goodput_rps"] = num_met / duration_s if duration_s > 0 else float("nan")
     out["throughput_rps"] = len(ok) / duration_s if duration_s > 0 else float("nan")

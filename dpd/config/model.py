@@ -179,6 +179,21 @@ class TenantSpec(_Frozen):
         return digests
 
 
+class PrefixAwareSpec(_Frozen):
+    """Prefix-cache-aware routing (``dpd/router/prefix.py``): requests go where their prompt's
+    leading KV blocks are cached, and the P/D decision counts only the uncached tokens."""
+
+    enabled: bool = Field(default=False, description="Route by where prompt prefixes are cached (an index of KV "
+                          "block hashes per worker, kept by the router from what it routed).")
+    blockSize: int | None = Field(default=None, ge=1, le=4096, description="vLLM's KV block size on the workers; "
+                                  "unset: a pool's --block-size, else vLLM's default (128 on CPU workers, 16 on GPU).")
+    loadWeightTokens: int = Field(default=256, ge=0, description="A worker's score is its cached tokens of the "
+                                  "prompt minus this many per request it has in flight: prefix against load.")
+    minCachedTokens: int = Field(default=256, ge=1, description="The least cached tokens for a hit to choose the worker.")
+    maxBlocksPerWorker: int = Field(default=65536, ge=1, description="Block hashes remembered per worker (32 bytes "
+                                    "each); the least recently used go first, as in vLLM's cache.")
+
+
 class AdaptiveSpec(_Frozen):
     """The adaptive policy's cost model (``pdSpec.routingPolicy: adaptive``). Rates are measured
     online per worker; these priors only stand in until a worker's first measurement."""
@@ -246,6 +261,7 @@ class RouterSpec(_Frozen):
     retry: RetrySpec = Field(default_factory=RetrySpec)
     migration: MigrationSpec = Field(default_factory=MigrationSpec)
     adaptive: AdaptiveSpec = Field(default_factory=AdaptiveSpec)
+    prefixAware: PrefixAwareSpec = Field(default_factory=PrefixAwareSpec)
     drainTimeoutS: float = Field(
         default=120.0, gt=0, description="Longest wait for a draining worker's in-flight requests to finish: the router's "
         "drain locally; on a cluster the workers' `--shutdown-timeout` (vLLM drains on SIGTERM)."
@@ -576,6 +592,10 @@ class EndpointSpec(_Frozen):
             update["admission"] = AdmissionSpec(prefill=pool_gate(self.pdSpec.prefillSpec), decode=pool_gate(self.pdSpec.decodingSpec))
         if limits and limits.overflowStatusCode and "overflowStatusCode" not in router.model_fields_set:
             update["overflowStatusCode"] = limits.overflowStatusCode
+        routing = self.intelligentRoutingSpec
+        if (routing and routing.enabled and routing.routingStrategy in PREFIX_STRATEGIES
+                and "prefixAware" not in router.model_fields_set):
+            update["prefixAware"] = router.prefixAware.model_copy(update={"enabled": True})
         if not update:
             return self
         new_router = router.model_copy(update=update)
@@ -609,9 +629,9 @@ class EndpointSpec(_Frozen):
         return self
 
 
-# The reference's routing fields → dpd's pickers. prefixaware / kvaware / session have no picker
-# yet (prefix-aware routing is still to come): least-outstanding serves them, and
-# ``dpd.config.reference`` says so.
+# The reference's routing fields → dpd's pickers; prefixaware / kvaware / session turn on
+# prefix-aware routing (router.prefixAware) over least-outstanding picking.
+PREFIX_STRATEGIES = ("prefixaware", "kvaware", "session")
 REFERENCE_PICKERS = {"roundrobin": "round-robin", "round_robin": "round-robin",
                      "least_outstanding_requests": "least-outstanding"}
 

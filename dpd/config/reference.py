@@ -57,9 +57,10 @@ def not_applied(config: InferenceEndpointConfig) -> list[str]:
         notes.append(("spec.metrics.modelMetrics", "the ServiceMonitor scrapes the router's /metrics and every worker's"))
     routing = spec.intelligentRoutingSpec
     if routing is not None:
-        if routing.enabled and routing.routingStrategy in ("prefixaware", "kvaware", "session"):
+        if routing.enabled and routing.routingStrategy in ("kvaware", "session"):
             notes.append(("spec.intelligentRoutingSpec.routingStrategy",
-                          f"{routing.routingStrategy}: no prefix-aware or sticky picker yet; least-outstanding routes"))
+                          f"{routing.routingStrategy}: served by prefix-aware routing (router.prefixAware; a session's "
+                          "turns share their prefix), from the router's own index, not KV events or a session header"))
         if _set(routing, "autoScalingSpec"):
             notes.append(("spec.intelligentRoutingSpec.autoScalingSpec", "the router runs one replica"))
     if spec.loadBalancer is not None and _set(spec.loadBalancer, "healthCheckPath"):

@@ -31,6 +31,7 @@ from dpd.k8s.api import KubeApi
 from dpd.k8s.discovery import Endpoint, EndpointSliceWatcher
 from dpd.k8s.render import CLUSTER_METRICS_PORT, worker_groups
 from dpd.k8s.workers import model_argument
+from dpd.launch.plan import kv_block_size, pool_is_gpu
 from dpd.router import WORKER_KEY_ENV, Router, RouterSettings, make_server
 from dpd.router.pools import Pool
 
@@ -72,8 +73,10 @@ def cluster_settings(config: InferenceEndpointConfig) -> RouterSettings:
     spec = config.spec
     base = spec.pdSpec.router
     router = base.model_copy(update={"host": "0.0.0.0", "metricsPort": base.metricsPort or CLUSTER_METRICS_PORT})
+    is_gpu = pool_is_gpu(config, spec.pdSpec.decodingSpec)
     return RouterSettings.for_endpoint(spec, tokenizer_path=model_argument(config), router=router,
-                                       worker_api_key=os.environ.get(WORKER_KEY_ENV) or None)
+                                       worker_api_key=os.environ.get(WORKER_KEY_ENV) or None,
+                                       kv_block_size=kv_block_size(config, is_gpu))
 
 
 class ThresholdReloader:

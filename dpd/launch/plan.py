@@ -264,6 +264,8 @@ def vllm_args(config: InferenceEndpointConfig, pool: PoolSpec, *, model: str, ho
         "--host", host,
         "--port", str(port),
         "--max-model-len", str(spec.maxModelLen),
+        # usage.prompt_tokens_details.cached_tokens: the router reports each request's prefix-cache hit.
+        "--enable-prompt-tokens-details",
     ]
     if pool.tensorParallelSize > 1:
         args += ["--tensor-parallel-size", str(pool.tensorParallelSize)]
@@ -275,6 +277,25 @@ def vllm_args(config: InferenceEndpointConfig, pool: PoolSpec, *, model: str, ho
     if (kv_config := worker_kv_config(config, kv_role, is_gpu)) is not None:
         args += ["--kv-transfer-config", json.dumps(kv_config, separators=(",", ":"), sort_keys=True)]
     return args
+
+
+VLLM_DEFAULT_BLOCK_SIZE = {False: 128, True: 16}  # vLLM 0.32's KV block size on CPU / GPU workers
+
+
+def kv_block_size(config: InferenceEndpointConfig, is_gpu: bool) -> int:
+    """The workers' KV block size, for the router's prefix index: ``router.prefixAware.blockSize``,
+    else a pool's ``--block-size``, else vLLM's default for the device."""
+    pd = config.spec.pdSpec
+    if pd.router.prefixAware.blockSize is not None:
+        return pd.router.prefixAware.blockSize
+    for pool in (pd.decodingSpec, pd.prefillSpec):
+        args = list(pool.args)
+        for i, arg in enumerate(args):
+            if arg == "--block-size" and i + 1 < len(args) and args[i + 1].isdigit():
+                return int(args[i + 1])
+            if arg.startswith("--block-size=") and arg.split("=", 1)[1].isdigit():
+                return int(arg.split("=", 1)[1])
+    return VLLM_DEFAULT_BLOCK_SIZE[is_gpu]
 
 
 def _nixl_env(config: InferenceEndpointConfig, is_gpu: bool) -> dict[str, str]:

@@ -28,7 +28,16 @@ from typing import TextIO
 import aiohttp
 
 from dpd.config.model import InferenceEndpointConfig, tls_files
-from dpd.launch.plan import Devices, WorkerPlan, choose_devices, detect_gpus, installed_engine, oversubscribed, plan_workers
+from dpd.launch.plan import (
+    Devices,
+    WorkerPlan,
+    choose_devices,
+    detect_gpus,
+    installed_engine,
+    kv_block_size,
+    oversubscribed,
+    plan_workers,
+)
 from dpd.launch.process import WorkerProcess
 from dpd.models.bundled import bundled_model_dir, cache_root, resolve_model
 from dpd.router import WORKER_KEY_ENV, Router, RouterSettings, make_server
@@ -182,6 +191,7 @@ class Endpoint:
             prefill_urls=tuple(p.url for p in prefill), decode_urls=tuple(p.url for p in decode),
             prefill_names=tuple(p.name for p in prefill), decode_names=tuple(p.name for p in decode),
             is_colocated=self.is_colocated, worker_api_key=self.worker_key,
+            kv_block_size=kv_block_size(self.config, any(p.gpus for p in plans)),
         )
 
     async def _wait_healthy(self, timeout_s: float) -> bool:

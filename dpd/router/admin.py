@@ -110,16 +110,24 @@ class AdminApi:
 
     async def policy(self, request: Request) -> Response:
         """``GET`` the routing policy and the cost model's endpoint-wide measurements; ``PUT
-        {"policy": "adaptive" | "threshold"}`` switches it for requests that arrive from now on."""
+        {"policy": "adaptive" | "threshold", "prefix_aware": true | false}`` (either or both)
+        switches them for requests that arrive from now on."""
         self.authorize(request)
         routing = self.router.routing
         if request.method == "PUT":
             body = await _json_body(request, self.router.settings.spec.bodyReadTimeoutS)
-            try:
-                routing.set_policy(body.get("policy"))  # type: ignore[arg-type]
-            except ValueError as exc:
-                raise bad_request(f"{exc}", param="policy") from None
-            log.info("routing policy set to %s", routing.policy)
+            if not ({"policy", "prefix_aware"} & body.keys()) or body.keys() - {"policy", "prefix_aware"}:
+                raise bad_request("Send {\"policy\": \"adaptive\" | \"threshold\"} and/or {\"prefix_aware\": true | false}.")
+            if "prefix_aware" in body and not isinstance(body["prefix_aware"], bool):
+                raise bad_request("prefix_aware must be true or false", param="prefix_aware")
+            if "policy" in body:
+                try:
+                    routing.set_policy(body.get("policy"))  # type: ignore[arg-type]
+                except ValueError as exc:
+                    raise bad_request(f"{exc}", param="policy") from None
+            if "prefix_aware" in body:
+                routing.set_prefix_aware(body["prefix_aware"], self.router.settings.kv_block_size)
+            log.info("routing policy set to %s, prefix-aware %s", routing.policy, routing.prefix_active)
         return JSONResponse(routing.state(self.router.decode))
 
     async def workers(self, request: Request) -> Response:

@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import hmac
 import logging
+import secrets
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -45,6 +48,7 @@ from dpd.router.metrics import RouterMetrics
 from dpd.router.migrate import ContinuedStream, StreamFailed
 from dpd.router.pick import make_picker
 from dpd.router.pools import HealthProber, Pool, Worker, make_pool
+from dpd.router.prefix import PrefixIndex
 from dpd.router.protocol import (
     MAX_BODY_BYTES,
     ChatCompletionRequest,
@@ -86,6 +90,8 @@ class RouterSettings:
     worker_api_key: str | None = field(default=None, repr=False)
     # How long a prefiller holds KV no decoder pulled (kvTransferSpec.kvLeaseDurationS).
     kv_lease_s: float = KvTransferSpec.model_fields["kvLeaseDurationS"].default
+    # The workers' KV block size, for the prefix index (launch.plan.kv_block_size).
+    kv_block_size: int = 16
 
     @classmethod
     def for_endpoint(cls, endpoint: EndpointSpec, *, tokenizer_path: str, router: RouterSpec | None = None,
@@ -109,10 +115,17 @@ class Router:
         self.shared_rates = SharedRates(priors_from(spec.adaptive))  # an unmeasured worker is predicted at its peers' rates
         self.prefill = self._make_pool("prefill", settings.prefill_urls, settings.prefill_names)
         self.decode = self._make_pool("decode", settings.decode_urls, settings.decode_names)
+        prefix = spec.prefixAware
         self.routing = RoutingPolicy(settings.routing_policy, settings.threshold_tokens, spec.adaptive, self.metrics,
                                      is_colocated=settings.is_colocated, max_model_len=settings.max_model_len,
                                      prefill_timeout_s=spec.prefillTimeoutS,
-                                     decode_first_token_timeout_s=spec.decodeFirstTokenTimeoutS)
+                                     decode_first_token_timeout_s=spec.decodeFirstTokenTimeoutS,
+                                     prefix_index=PrefixIndex(settings.kv_block_size, prefix.maxBlocksPerWorker,
+                                                              prefix.loadWeightTokens) if prefix.enabled else None,
+                                     min_cached_tokens=prefix.minCachedTokens)
+        # Each tenant's prompts carry a cache_salt only the router derives (from a secret), so no
+        # tenant can hit another's prefix cache; the workers' key is stable across router restarts.
+        self._salt_key = (settings.worker_api_key or secrets.token_hex(32)).encode()
         self.counter = TokenCounter(tokenizer or load_tokenizer(settings.tokenizer_path))
         self.picker = make_picker(spec.picker)
         self.gates = {
@@ -189,6 +202,8 @@ class Router:
         for gone in self._named_workers - present:  # removed by discovery: its series go too
             m.forget_worker(gone)
         self._named_workers = present
+        if self.routing.prefix_index is not None and self.routing.prefix_active:
+            self.routing.prefix_index.forget({w.url for pool in (self.prefill, self.decode) for w in pool.workers})
         for pool in (self.prefill, self.decode):
             if pool.breaker is not None:
                 pool.breaker.allows_request()  # an expired cooldown shows as half-open
@@ -235,15 +250,22 @@ class Router:
                 raise ClientGone() from None
             body, parsed = parse_body(raw, kind)
             self._check_model(parsed.model)
-            num_prompt_tokens = await self._tokenizer_call(
-                self.counter.count, parsed, what="tokenize the prompt",
+            token_ids = await self._tokenizer_call(
+                self.counter.token_ids, parsed, what="tokenize the prompt",
                 param="messages" if isinstance(parsed, ChatCompletionRequest) else "prompt")
+            num_prompt_tokens = len(token_ids)
             max_tokens = requested_max_tokens(parsed)
             self._check_length(num_prompt_tokens, max_tokens)
             if tenant is not None:
                 self._check_tenant_limits(tenant, num_prompt_tokens)
             tenant_name = tenant.name if tenant else None
-            decision = self.routing.decide(num_prompt_tokens, max_tokens, self.prefill, self.decode, tenant_name)
+            cache_salt = self._cache_salt(tenant_name)
+            if cache_salt is not None:
+                body = {**body, "cache_salt": cache_salt}
+            index = self.routing.prefix_index if self.routing.prefix_active else None
+            prefix_hashes = index.hashes(token_ids, cache_salt) if index is not None else None
+            decision = self.routing.decide(num_prompt_tokens, max_tokens, self.prefill, self.decode, tenant_name,
+                                           prefix_hashes)
             self.metrics.decisions.labels(decision.path.value, decision.reason.value).inc()
             ctx = RequestContext(request_id, endpoint, body, decision, num_prompt_tokens, tenant=tenant_name,
                                  max_output_tokens=max_tokens)
@@ -253,6 +275,10 @@ class Router:
             headers["x-dpd-path"] = path_label
             headers["x-dpd-reason"] = decision.reason.value
             headers["x-dpd-workers"] = stream.served_by
+            if prefix_hashes:
+                self._record_prefix(stream, prefix_hashes)
+                if decision.cached_tokens is not None:
+                    headers["x-dpd-prefix-cached-tokens"] = str(decision.cached_tokens)
             if stream.fallback_reason:
                 headers["x-dpd-fallback"] = stream.fallback_reason
             self.metrics.prompt_tokens.labels(path_label).observe(num_prompt_tokens)
@@ -314,6 +340,30 @@ class Router:
                 break
             await asyncio.sleep(0.1)
         return self.num_active
+
+    def _observe_cache(self, worker: Worker, chunk: dict[str, Any]) -> None:
+        """Per worker: prompt tokens served and those its prefix cache held (vLLM's usage)."""
+        usage = chunk.get("usage")
+        if not isinstance(usage, dict) or not isinstance(usage.get("prompt_tokens"), int):
+            return
+        self.metrics.prompt_tokens_served.labels(worker.pool, worker.name).inc(usage["prompt_tokens"])
+        details = usage.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        if isinstance(cached, int) and cached > 0:
+            self.metrics.prompt_tokens_cached.labels(worker.pool, worker.name).inc(cached)
+
+    def _cache_salt(self, tenant: str | None) -> str | None:
+        if tenant is None:
+            return None
+        return hmac.new(self._salt_key, tenant.encode(), hashlib.sha256).hexdigest()
+
+    def _record_prefix(self, stream: UpstreamStream, hashes: list[bytes]) -> None:
+        """The workers that now hold the prompt's blocks: the one generating, and a split's prefiller."""
+        index = self.routing.prefix_index
+        assert index is not None
+        index.record(stream.worker, hashes)
+        if stream.prefiller and (prefiller := self.find_worker(stream.prefiller)) is not None:
+            index.record(prefiller, hashes)
 
     def _enter_tenant(self, tenant: Tenant) -> Callable[[], None]:
         try:
@@ -391,6 +441,7 @@ class Router:
         try:
             async for raw, chunk in continued.events():
                 timer.observe(chunk)
+                self._observe_cache(continued.stream.worker, chunk)
                 if "error" in chunk:
                     outcome = "worker_error"
                 if is_usage_only(chunk) and not want_usage:
@@ -418,6 +469,7 @@ class Router:
         try:
             async for _, chunk in continued.events():
                 stream = continued.stream
+                self._observe_cache(stream.worker, chunk)
                 timer.observe(chunk)
                 if "error" in chunk:
                     err = chunk["error"]

@@ -33,6 +33,8 @@ class Reason(str, Enum):
     DECODER_BUSY = "decoder_busy"  # prefilling where it decodes would stall its streams
     PREFILL_QUEUE_LONG = "prefill_queue_long"  # the prefill worker's queue makes the split slower
     SPLIT_NO_GAIN = "split_no_gain"  # a split would add its hop and protect no stream
+    # Prefix-aware routing (prefix.py): a worker holds the prompt's prefix; its uncached part is short.
+    PREFIX_HIT = "prefix_hit"
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,7 @@ class Decision:
     prefill: Worker | None = None
     decode: Worker | None = None
     predicted_ttft_s: float | None = None
+    cached_tokens: int | None = None  # of the prompt on ``decode``, as the prefix index believes (prefix-aware routing)
 
     @property
     def workers_label(self) -> str:

@@ -108,6 +108,15 @@ class RouterMetrics:
             "dpd_tenant_output_tokens", "Generated tokens per tenant (the answers' usage), metered against "
             "tenants[].outputTokensPerSecond.", ["tenant"], registry=r,
         )
+        # Prefix caching, per worker (vLLM's usage.prompt_tokens_details): hit rate = cached / served.
+        self.prompt_tokens_served = Counter(
+            "dpd_worker_prompt_tokens", "Prompt tokens of the requests a worker served (its usage).", ["pool", "worker"],
+            registry=r,
+        )
+        self.prompt_tokens_cached = Counter(
+            "dpd_worker_prompt_cached_tokens", "Of those, the tokens its prefix cache held (usage.prompt_tokens_details."
+            "cached_tokens; on a split, the prefiller's hits).", ["pool", "worker"], registry=r,
+        )
         self.auth_failures = Counter("dpd_auth_failures", "Requests refused with 401.", ["reason"], registry=r)
         # KV that no decode hop took, and KV transfers the engine reports lost (kvwatch.py).
         self.kv_abandoned = Counter(

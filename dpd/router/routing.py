@@ -20,10 +20,11 @@ from typing import get_args
 
 from dpd.config.model import AdaptiveSpec, PdSpec
 from dpd.router.adaptive import AdaptiveDecider, Candidates, Slo, recommended_threshold
-from dpd.router.decide import Decision, ThresholdDecider
+from dpd.router.decide import Decision, Path, Reason, ThresholdDecider
 from dpd.router.load import EndpointLoad, LoadPriors
 from dpd.router.metrics import RouterMetrics
-from dpd.router.pools import Pool
+from dpd.router.pools import Pool, Worker
+from dpd.router.prefix import PrefixChoice, PrefixIndex
 
 POLICIES: tuple[str, ...] = get_args(PdSpec.model_fields["routingPolicy"].annotation)
 
@@ -36,8 +37,13 @@ def priors_from(spec: AdaptiveSpec) -> LoadPriors:
 class RoutingPolicy:
     def __init__(self, policy: str, threshold_tokens: int, spec: AdaptiveSpec, metrics: RouterMetrics, *,
                  is_colocated: bool = False, max_model_len: int = 8192, prefill_timeout_s: float = math.inf,
-                 decode_first_token_timeout_s: float = math.inf):
+                 decode_first_token_timeout_s: float = math.inf, prefix_index: PrefixIndex | None = None,
+                 min_cached_tokens: int = 1):
         self._metrics = metrics
+        self.prefix_index = prefix_index  # prefix-aware routing while ``prefix_active``
+        self.prefix_active = prefix_index is not None
+        self.min_cached_tokens = min_cached_tokens
+        self.is_colocated = is_colocated
         self.spec = spec
         self.max_model_len = max_model_len
         self.endpoint = EndpointLoad(priors_from(spec))
@@ -69,11 +75,18 @@ class RoutingPolicy:
         self._metrics.threshold.set(threshold_tokens)
 
     def decide(self, num_prompt_tokens: int, num_output_tokens: int | None, prefill: Pool, decode: Pool,
-               tenant: str | None) -> Decision:
+               tenant: str | None, prefix_hashes: list[bytes] | None = None) -> Decision:
         if decode.workers:  # the load a typical decoder carries, for the recommended threshold
             self.endpoint.streams_per_decoder.add(sum(w.load.num_streams for w in decode.workers) / len(decode.workers))
+        hit = self._prefix_hit(num_prompt_tokens, prefill, decode, tenant, prefix_hashes)
+        if hit is not None and (self.is_colocated or num_prompt_tokens - hit.cached_tokens < self.threshold_tokens):
+            # Its uncached part is short: computed where the rest is cached, whatever the whole's length.
+            return Decision(Path.DIRECT, Reason.PREFIX_HIT, decode=hit.worker, cached_tokens=hit.cached_tokens)
         if self._policy == "threshold":
-            return self.threshold.decide(num_prompt_tokens, has_prefill_capacity=prefill.is_available(tenant))
+            decision = self.threshold.decide(num_prompt_tokens, has_prefill_capacity=prefill.is_available(tenant))
+            if hit is not None and hit.worker.pool == decode.name:  # the flow takes the decoder holding part of it
+                return Decision(decision.path, decision.reason, decode=hit.worker, cached_tokens=hit.cached_tokens)
+            return decision
         decoders = decode.available(tenant)
         others = prefill.available(tenant)
         prefillers = others if prefill.breaker is None or prefill.breaker.allows_request() else []
@@ -82,6 +95,29 @@ class RoutingPolicy:
             return self.threshold.decide(num_prompt_tokens, has_prefill_capacity=False)
         return plan
 
+    def _prefix_hit(self, num_prompt_tokens: int, prefill: Pool, decode: Pool, tenant: str | None,
+                    prefix_hashes: list[bytes] | None) -> PrefixChoice | None:
+        """The worker that holds the most of the prompt, load counted, if it holds enough. Under
+        the static split only decoders run whole requests; otherwise every worker may."""
+        if self.prefix_index is None or not self.prefix_active or not prefix_hashes:
+            return None
+        candidates: list[Worker] = list(decode.available(tenant))
+        if self._policy == "adaptive" and not self.is_colocated:
+            candidates += prefill.available(tenant)
+        hit = self.prefix_index.choose(candidates, prefix_hashes)
+        if hit is None or hit.cached_tokens < min(self.min_cached_tokens, num_prompt_tokens):
+            return None
+        return hit
+
+    def set_prefix_aware(self, active: bool, block_size: int = 16) -> None:
+        """Prefix-aware routing on or off from now on (``PUT /admin/policy``); turned on, it starts
+        from an empty index (what was routed while it was off is unknown)."""
+        if active and (self.prefix_index is None or not self.prefix_active):
+            old = self.prefix_index
+            self.prefix_index = PrefixIndex(old.block_size if old else block_size, old.max_blocks if old else 65536,
+                                            old.load_weight_tokens if old else 256)
+        self.prefix_active = active
+
     def recommended_threshold(self, decode: Pool) -> int:
         return recommended_threshold(self.endpoint, decode.workers, stall_weight=self.spec.stallWeight,
                                      max_model_len=self.max_model_len)
@@ -89,6 +125,8 @@ class RoutingPolicy:
     def state(self, decode: Pool) -> dict:
         return {
             "policy": self._policy,
+            "prefix_aware": self.prefix_active,
+            "prefix_index": self.prefix_index.kind if self.prefix_active and self.prefix_index else None,
             "threshold_tokens": self.threshold_tokens,
             "recommended_threshold_tokens": self.recommended_threshold(decode),
             "stall_weight": self.spec.stallWeight,

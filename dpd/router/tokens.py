@@ -35,14 +35,18 @@ class TokenCounter:
         self._num_ids: int | None = len(cast(Sized, tokenizer)) if hasattr(tokenizer, "__len__") else None
 
     def count(self, parsed: CompletionRequest | ChatCompletionRequest) -> int:
+        return len(self.token_ids(parsed))
+
+    def token_ids(self, parsed: CompletionRequest | ChatCompletionRequest) -> list[int]:
+        """The prompt's token ids as vLLM will see them."""
         if isinstance(parsed, ChatCompletionRequest):
-            return self.count_chat([m.model_dump(exclude_none=True) for m in parsed.messages])
+            return self.tokenize_chat([m.model_dump(exclude_none=True) for m in parsed.messages])
         if isinstance(parsed.prompt, list):
             bad = [t for t in parsed.prompt if t < 0 or (self._num_ids is not None and t >= self._num_ids)]
             if bad:
                 raise ValueError(f"token id {bad[0]} is out of the vocabulary (0..{(self._num_ids or 1) - 1})")
-            return len(parsed.prompt)
-        return len(self._tokenizer.encode(parsed.prompt, add_special_tokens=True))
+            return list(parsed.prompt)
+        return list(self._tokenizer.encode(parsed.prompt, add_special_tokens=True))
 
     def count_chat(self, messages: list[dict[str, Any]]) -> int:
         return len(self.tokenize_chat(messages))

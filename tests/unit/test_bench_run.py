@@ -197,3 +197,24 @@ def test_runs_on_one_endpoint_never_share_prompts():
     assert len(set(seeds)) == len(seeds) and seeds == [run_seed(label) for label in labels]
     firsts = {tuple(prompt_token_ids(32, s * 1_000_003)) for s in seeds}
     assert len(firsts) == len(labels)
+
+
+def test_prefix_cache_figures_come_from_the_workers_usage():
+    from dpd.bench.stats import RequestRecord, Slo, summarize
+
+    records = [RequestRecord(ttft_s=0.1, e2e_s=0.2, num_output_tokens=2, num_prompt_tokens=1000, num_cached_tokens=768),
+               RequestRecord(ttft_s=0.3, e2e_s=0.4, num_output_tokens=2, num_prompt_tokens=1000, num_cached_tokens=0),
+               RequestRecord(ttft_s=float("nan"), e2e_s=1.0, num_output_tokens=0, is_ok=False)]
+    out = summarize(records, 10.0, Slo(1.0, 1.0))
+    assert (out["prompt_tokens"], out["cached_tokens"], out["prefill_tokens_computed"]) == (2000, 768, 1232)
+    assert out["prefix_hit_rate"] == pytest.approx(0.384)
+
+
+def test_the_prefix_scenarios_are_known_to_the_command_line():
+    from dpd.bench.run import ALL_SCENARIOS, PD_SCENARIOS, SCENARIOS
+    from dpd.cli import build_parser
+
+    assert set(SCENARIOS) < set(ALL_SCENARIOS) and "dpd-prefix" in PD_SCENARIOS
+    args = build_parser().parse_args(["bench", "run", "--workload", "sessions", "--session-turns", "6",
+                                      "--scenarios", "colocated,colocated-prefix,dpd-adaptive,dpd-prefix"])
+    assert args.session_turns == 6

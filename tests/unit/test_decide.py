@@ -42,7 +42,8 @@ def test_decide_table(threshold, num_prompt_tokens, has_prefill_capacity, is_col
 def test_path_and_reason_values_are_the_metric_labels():
     assert [p.value for p in Path] == ["disaggregated", "direct", "fallback"]
     assert {r.value for r in Reason} == {"above_threshold", "below_threshold", "prefill_unavailable", "colocated",
-                                         "short_prompt", "decoder_busy", "prefill_queue_long", "split_no_gain"}
+                                         "short_prompt", "decoder_busy", "prefill_queue_long", "split_no_gain",
+                                         "prefix_hit"}
 
 
 @pytest.mark.parametrize("new_threshold, expected_path", [(0, DIS), (100, DIS), (101, DIR), (10_000, DIR)])

@@ -482,3 +482,31 @@ async def test_tokenize_counts_against_the_tenants_request_bucket(make_router):
     second = await client.post("/tokenize", json={"model": "m", "prompt": "a b c"}, headers=auth)
     assert second.status_code == 429 and second.json()["error"]["param"] == "requests_per_second"
     assert client.router.tenants.tenants["t"].num_in_flight == 0  # type: ignore[attr-defined]
+
+
+async def test_prefix_aware_routing_sends_a_sessions_turns_to_one_worker_and_salts_tenants(make_router):
+    """Issue 14: with router.prefixAware on, a session's next turn goes where its prefix was
+    computed (reason prefix_hit), and each tenant's prompts carry a cache_salt of the router's
+    (a client may not send one)."""
+    from dpd.config.model import TenantSpec
+    from dpd.router.tenants import hash_key
+
+    tenants = (TenantSpec(name="x", apiKeySha256=(hash_key("key-x"),)), TenantSpec(name="y", apiKeySha256=(hash_key("key-y"),)))
+    first, second = ScriptedWorker(), ScriptedWorker()
+    client = await make_router(None, [first, second], tenants=tenants,
+                               prefixAware={"enabled": True, "minCachedTokens": 16, "loadWeightTokens": 0})
+    x, y = {"Authorization": "Bearer key-x"}, {"Authorization": "Bearer key-y"}
+    history = " ".join(f"w{i}" for i in range(64))
+    turn1 = await client.post("/v1/completions", json={**BODY, "prompt": history}, headers=x)
+    served = turn1.headers["x-dpd-workers"]
+    for turn in range(2, 5):
+        history += " " + " ".join(f"t{turn}-{i}" for i in range(20))
+        resp = await client.post("/v1/completions", json={**BODY, "prompt": history}, headers=x)
+        assert resp.headers["x-dpd-reason"] == "prefix_hit" and resp.headers["x-dpd-workers"] == served
+        assert int(resp.headers["x-dpd-prefix-cached-tokens"]) >= 64
+    other = await client.post("/v1/completions", json={**BODY, "prompt": history}, headers=y)
+    assert other.headers["x-dpd-reason"] == "colocated"  # y's cache is its own: no hit on x's prefix
+    salts = {b["cache_salt"] for w in (first, second) for b in w.bodies}
+    assert len(salts) == 2 and all(len(s) == 64 for s in salts)
+    refused = await client.post("/v1/completions", json={**BODY, "cache_salt": "mine"}, headers=x)
+    assert refused.status_code == 400

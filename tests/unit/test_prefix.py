@@ -1,0 +1,99 @@
+"""Prefix-aware routing (issue 14): the block hashes, the index, and the choice it informs."""
+
+from __future__ import annotations
+
+import pytest
+
+from dpd.config.model import AdaptiveSpec
+from dpd.router.decide import Path, Reason
+from dpd.router.metrics import RouterMetrics
+from dpd.router.pools import make_pool
+from dpd.router.prefix import PrefixIndex, block_hashes
+from dpd.router.routing import RoutingPolicy
+
+
+def test_block_hashes_are_vllms_own():
+    """The names vLLM 0.32 gives a prompt's blocks (sha256, its fixed seed, cache_salt on the
+    first block only), computed by vLLM's own function."""
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core import kv_cache_utils
+
+    kv_cache_utils.init_none_hash(sha256)
+    ids = list(range(1000, 1000 + 40))
+    for salt in (None, "tenant-salt"):
+        expected, parent = [], None
+        for start in range(0, 32, 16):  # two full blocks; the last 8 tokens are no block
+            extra = (("cache_salt", salt),) if start == 0 and salt else None
+            parent = kv_cache_utils.hash_block_tokens(sha256, parent, ids[start:start + 16], extra)
+            expected.append(bytes(parent))
+        assert block_hashes(ids, 16, salt) == expected
+    assert block_hashes(ids, 16, "a")[1] != block_hashes(ids, 16, "b")[1]  # the salt reaches every block
+
+
+def workers(n: int, pool: str = "decode"):
+    made = make_pool(pool, [f"http://{pool}{i}" for i in range(n)], [f"{pool}-{i}" for i in range(n)],
+                     failure_threshold=3, open_s=5)
+    for worker in made.workers:
+        worker.record_probe(True)
+    return made
+
+
+def test_the_index_matches_whole_leading_blocks_and_forgets_the_least_recent():
+    pool = workers(2)
+    w0, w1 = pool.workers
+    index = PrefixIndex(block_size=4, max_blocks=3, load_weight_tokens=0)
+    a = index.hashes(list(range(12)))  # 3 blocks
+    index.record(w0, a)
+    assert index.cached_tokens(w0, a) == 12 and index.cached_tokens(w1, a) == 0
+    longer = index.hashes(list(range(12)) + [99] * 4)
+    assert index.cached_tokens(w0, longer) == 12  # the shared prefix
+    other = index.hashes([7] + list(range(1, 12)))  # differs in the first block: nothing shared
+    assert index.cached_tokens(w0, other) == 0
+    index.record(w0, index.hashes([5] * 4))  # a 4th block: the least recently used goes
+    assert index.num_blocks(w0) == 3 and index.cached_tokens(w0, a) == 0  # its first block went: the chain breaks
+    index.forget({w1.url})
+    assert index.num_blocks(w0) == 0
+
+
+def test_the_choice_weighs_prefix_against_load():
+    pool = workers(2)
+    w0, w1 = pool.workers
+    index = PrefixIndex(block_size=4, max_blocks=100, load_weight_tokens=8)
+    prompt = index.hashes(list(range(16)))
+    index.record(w0, prompt)
+    assert index.choose(pool.workers, prompt).worker is w0  # 16 cached tokens
+    w0.num_in_flight = 3  # 16 - 3 x 8 < 0: the idle worker wins, but it holds nothing: no hit
+    assert index.choose(pool.workers, prompt) is None
+    index.record(w1, prompt[:2])
+    w0.num_in_flight = 1  # w0: 16 - 8 = 8; w1: 8 - 0 = 8; the less loaded wins the tie
+    choice = index.choose(pool.workers, prompt)
+    assert choice.worker is w1 and choice.cached_tokens == 8
+
+
+def policy(kind: str, *, colocated: bool = False, threshold: int = 100, min_cached: int = 8) -> RoutingPolicy:
+    return RoutingPolicy(kind, threshold, AdaptiveSpec(), RouterMetrics(), is_colocated=colocated,
+                         prefix_index=PrefixIndex(4, 1000, 0), min_cached_tokens=min_cached)
+
+
+@pytest.mark.parametrize(
+    ("kind", "colocated", "prompt_tokens", "cached", "expected"),
+    [
+        ("threshold", True, 40, 16, (Path.DIRECT, Reason.PREFIX_HIT, "decode-1")),
+        ("threshold", True, 40, 4, (Path.DIRECT, Reason.COLOCATED, None)),  # below minCachedTokens
+        ("threshold", False, 200, 160, (Path.DIRECT, Reason.PREFIX_HIT, "decode-1")),  # 40 uncached < 100
+        ("threshold", False, 200, 40, (Path.DISAGGREGATED, Reason.ABOVE_THRESHOLD, "decode-1")),  # the holder decodes
+        ("threshold", False, 40, 0, (Path.DIRECT, Reason.BELOW_THRESHOLD, None)),
+        ("adaptive", False, 200, 160, (Path.DIRECT, Reason.PREFIX_HIT, "decode-1")),
+    ],
+)
+def test_uncached_tokens_decide(kind, colocated, prompt_tokens, cached, expected):
+    decode, prefill = workers(2), workers(0 if colocated else 1, "prefill")
+    routing = policy(kind, colocated=colocated)
+    ids = list(range(prompt_tokens))
+    hashes = routing.prefix_index.hashes(ids)
+    if cached:
+        routing.prefix_index.record(decode.workers[1], hashes[: cached // 4])
+    decision = routing.decide(prompt_tokens, 16, prefill, decode, None, hashes)
+    assert (decision.path, decision.reason, decision.decode.name if decision.decode else None) == expected
+    if expected[1] is Reason.PREFIX_HIT:
+        assert decision.cached_tokens == cached
