@@ -44,7 +44,7 @@ Every input is read through ``Worker.load`` and ``EndpointLoad`` — the interfa
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from dpd.router.decide import Decision, Path, Reason, checked_threshold
@@ -103,11 +103,22 @@ class AdaptiveDecider:
     def set_threshold(self, threshold_tokens: int) -> None:
         self._floor_tokens = checked_threshold(threshold_tokens)
 
-    def plan(self, num_prompt_tokens: int, num_output_tokens: int | None, candidates: Candidates) -> Decision | None:
-        """The best plan, or None when no decoder at all can take the request."""
+    def plan(self, num_prompt_tokens: int, num_output_tokens: int | None, candidates: Candidates,
+             cached: Mapping[Worker, int] | None = None) -> Decision | None:
+        """The best plan, or None when no decoder at all can take the request. ``cached``: the
+        prompt's tokens each worker's prefix cache holds (prefix-aware routing): a worker
+        prefills only the rest, whole or as a split's prefiller. A whole plan chosen for its
+        cache says so (``prefix_hit``)."""
+        decision = self._plan(num_prompt_tokens, num_output_tokens, candidates, cached or {})
+        if decision is not None and decision.path is Path.DIRECT and decision.cached_tokens:
+            return replace(decision, reason=Reason.PREFIX_HIT)
+        return decision
+
+    def _plan(self, num_prompt_tokens: int, num_output_tokens: int | None, candidates: Candidates,
+              cached: Mapping[Worker, int]) -> Decision | None:
         n = num_prompt_tokens
         m = num_output_tokens if num_output_tokens is not None else round(self.endpoint.output_tokens.value)
-        wholes = [self._whole(w, n, m) for w in (*candidates.decoders, *candidates.others)]
+        wholes = [self._whole(w, n, m, cached.get(w, 0)) for w in (*candidates.decoders, *candidates.others)]
         if not wholes:
             return None
         best_whole = min(wholes, key=lambda s: s.score)  # min is stable: decode-pool workers win ties
@@ -122,8 +133,8 @@ class AdaptiveDecider:
         pairs = [(p, d) for p in candidates.prefillers for d in candidates.decoders if p is not d]
         if not pairs:
             return _with_reason(best_whole, Reason.PREFILL_UNAVAILABLE)
-        splits = [scored for p, d in pairs if p.load.prefill_s(n) <= self.max_prefill_wait_s
-                  and (scored := self._split(p, d, n, m)).decode_wait_s <= self.max_decode_wait_s]
+        splits = [scored for p, d in pairs if p.load.prefill_s(n - cached.get(p, 0)) <= self.max_prefill_wait_s
+                  and (scored := self._split(p, d, n - cached.get(p, 0), m)).decode_wait_s <= self.max_decode_wait_s]
         if not splits:
             # No split is possible because the prefill pool, or the decoder's own prefills, are
             # backed up: a large prompt then queues whole where it does not lengthen a decoder's
@@ -167,12 +178,12 @@ class AdaptiveDecider:
             return True
         return n / w.load.prefill_tokens_per_s <= SMALL_PREFILL * self.slo.ttft_s
 
-    def _whole(self, w: Worker, n: int, m: int) -> Scored:
+    def _whole(self, w: Worker, n: int, m: int, cached: int = 0) -> Scored:
         load = w.load
-        ttft = load.prefill_s(n)
-        prefill_s = n / load.prefill_tokens_per_s
+        ttft = load.prefill_s(n - cached)
+        prefill_s = (n - cached) / load.prefill_tokens_per_s
         exposure = self._future_stall_s(w, m)
-        decision = Decision(Path.DIRECT, Reason.SHORT_PROMPT, decode=w, predicted_ttft_s=ttft)
+        decision = Decision(Path.DIRECT, Reason.SHORT_PROMPT, decode=w, predicted_ttft_s=ttft, cached_tokens=cached or None)
         return self._scored(decision, ttft, exposure, w, m, prefill_s, w)
 
     def _split(self, p: Worker, d: Worker, n: int, m: int) -> Scored:
@@ -219,8 +230,7 @@ class AdaptiveDecider:
 
 
 def _with_reason(scored: Scored, reason: Reason) -> Decision:
-    d = scored.decision
-    return Decision(d.path, reason, prefill=d.prefill, decode=d.decode, predicted_ttft_s=d.predicted_ttft_s)
+    return replace(scored.decision, reason=reason)
 
 
 def recommended_threshold(endpoint: EndpointLoad, decoders: Sequence[Worker], *, stall_weight: float,

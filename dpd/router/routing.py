@@ -78,11 +78,11 @@ class RoutingPolicy:
                tenant: str | None, prefix_hashes: list[bytes] | None = None) -> Decision:
         if decode.workers:  # the load a typical decoder carries, for the recommended threshold
             self.endpoint.streams_per_decoder.add(sum(w.load.num_streams for w in decode.workers) / len(decode.workers))
-        hit = self._prefix_hit(num_prompt_tokens, prefill, decode, tenant, prefix_hashes)
-        if hit is not None and (self.is_colocated or num_prompt_tokens - hit.cached_tokens < self.threshold_tokens):
-            # Its uncached part is short: computed where the rest is cached, whatever the whole's length.
-            return Decision(Path.DIRECT, Reason.PREFIX_HIT, decode=hit.worker, cached_tokens=hit.cached_tokens)
         if self._policy == "threshold":
+            hit = self._prefix_hit(num_prompt_tokens, prefill, decode, tenant, prefix_hashes)
+            if hit is not None and (self.is_colocated or num_prompt_tokens - hit.cached_tokens < self.threshold_tokens):
+                # Its uncached part is short: computed where the rest is cached, whatever the whole's length.
+                return Decision(Path.DIRECT, Reason.PREFIX_HIT, decode=hit.worker, cached_tokens=hit.cached_tokens)
             decision = self.threshold.decide(num_prompt_tokens, has_prefill_capacity=prefill.is_available(tenant))
             if hit is not None and hit.worker.pool == decode.name:  # the flow takes the decoder holding part of it
                 return Decision(decision.path, decision.reason, decode=hit.worker, cached_tokens=hit.cached_tokens)
@@ -90,10 +90,25 @@ class RoutingPolicy:
         decoders = decode.available(tenant)
         others = prefill.available(tenant)
         prefillers = others if prefill.breaker is None or prefill.breaker.allows_request() else []
-        plan = self.adaptive.plan(num_prompt_tokens, num_output_tokens, Candidates(prefillers, decoders, others))
+        # Prefix-aware: the cost model prices each worker's prefill at the tokens its cache lacks.
+        cached = self._cached_tokens([*decoders, *others], num_prompt_tokens, prefix_hashes)
+        plan = self.adaptive.plan(num_prompt_tokens, num_output_tokens, Candidates(prefillers, decoders, others), cached)
         if plan is None:  # no worker at all: the flow answers 503 naming the decode pool
             return self.threshold.decide(num_prompt_tokens, has_prefill_capacity=False)
         return plan
+
+    def _cached_tokens(self, workers: list[Worker], num_prompt_tokens: int,
+                       prefix_hashes: list[bytes] | None) -> dict[Worker, int]:
+        """Per worker, the prompt's tokens the index says it holds (at least ``min_cached_tokens``),
+        never the whole prompt (the last token is always computed, as vLLM does)."""
+        if self.prefix_index is None or not self.prefix_active or not prefix_hashes:
+            return {}
+        out = {}
+        for w in workers:
+            cached = min(self.prefix_index.cached_tokens(w, prefix_hashes), num_prompt_tokens - 1)
+            if cached >= min(self.min_cached_tokens, num_prompt_tokens):
+                out[w] = cached
+        return out
 
     def _prefix_hit(self, num_prompt_tokens: int, prefill: Pool, decode: Pool, tenant: str | None,
                     prefix_hashes: list[bytes] | None) -> PrefixChoice | None:
