@@ -78,11 +78,16 @@ class RoutingPolicy:
                tenant: str | None, prefix_hashes: list[bytes] | None = None) -> Decision:
         if decode.workers:  # the load a typical decoder carries, for the recommended threshold
             self.endpoint.streams_per_decoder.add(sum(w.load.num_streams for w in decode.workers) / len(decode.workers))
-        if self._policy == "threshold":
+        hit = None
+        if self._policy == "threshold" or self.is_colocated:
+            # Placement by prefix, load counted: the static split's decoders, or a colocated endpoint's
+            # workers (where the adaptive cost model, which only places, would send a session's next
+            # turn to whichever worker prefilled least recently — the one without its prefix).
             hit = self._prefix_hit(num_prompt_tokens, prefill, decode, tenant, prefix_hashes)
             if hit is not None and (self.is_colocated or num_prompt_tokens - hit.cached_tokens < self.threshold_tokens):
                 # Its uncached part is short: computed where the rest is cached, whatever the whole's length.
                 return Decision(Path.DIRECT, Reason.PREFIX_HIT, decode=hit.worker, cached_tokens=hit.cached_tokens)
+        if self._policy == "threshold":
             decision = self.threshold.decide(num_prompt_tokens, has_prefill_capacity=prefill.is_available(tenant))
             if hit is not None and hit.worker.pool == decode.name:  # the flow takes the decoder holding part of it
                 return Decision(decision.path, decision.reason, decode=hit.worker, cached_tokens=hit.cached_tokens)

@@ -84,6 +84,7 @@ def policy(kind: str, *, colocated: bool = False, threshold: int = 100, min_cach
         ("threshold", False, 200, 40, (Path.DISAGGREGATED, Reason.ABOVE_THRESHOLD, "decode-1")),  # the holder decodes
         ("threshold", False, 40, 0, (Path.DIRECT, Reason.BELOW_THRESHOLD, None)),
         ("adaptive", False, 200, 160, (Path.DIRECT, Reason.PREFIX_HIT, "decode-1")),
+        ("adaptive", True, 40, 16, (Path.DIRECT, Reason.PREFIX_HIT, "decode-1")),  # colocated: placement by prefix
     ],
 )
 def test_uncached_tokens_decide(kind, colocated, prompt_tokens, cached, expected):
