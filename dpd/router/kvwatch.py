@@ -23,7 +23,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from dpd.router.metrics import RouterMetrics
-from dpd.router.pools import Pool, Worker
+from dpd.router.pools import Pool, Worker, stop_task
 
 log = logging.getLogger(__name__)
 
@@ -110,9 +110,4 @@ class KvWatch:
         self._task = asyncio.create_task(self._run(), name="kv-watch")
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await stop_task(self._task)

@@ -228,9 +228,14 @@ class HealthProber:
         self._task = asyncio.create_task(self._run(), name="health-prober")
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await stop_task(self._task)
+
+
+async def stop_task(task: asyncio.Task | None) -> None:
+    """Cancel a background loop and wait until it has ended (None: nothing to stop)."""
+    if task:
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass

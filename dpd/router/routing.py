@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import get_args
 
-from dpd.config.model import AdaptiveSpec, PdSpec
+from dpd.config.model import AdaptiveSpec, PdSpec, PrefixAwareSpec
 from dpd.router.adaptive import AdaptiveDecider, Candidates, Slo, recommended_threshold
 from dpd.router.decide import Decision, Path, Reason, ThresholdDecider
 from dpd.router.load import EndpointLoad, LoadPriors
@@ -134,8 +134,10 @@ class RoutingPolicy:
         from an empty index (what was routed while it was off is unknown)."""
         if active and (self.prefix_index is None or not self.prefix_active):
             old = self.prefix_index
-            self.prefix_index = PrefixIndex(old.block_size if old else block_size, old.max_blocks if old else 65536,
-                                            old.load_weight_tokens if old else 256)
+            spec = PrefixAwareSpec()
+            self.prefix_index = PrefixIndex(old.block_size if old else block_size,
+                                            old.max_blocks if old else spec.maxBlocksPerWorker,
+                                            old.load_weight_tokens if old else spec.loadWeightTokens)
         self.prefix_active = active
 
     def recommended_threshold(self, decode: Pool) -> int:
