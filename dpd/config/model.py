@@ -194,6 +194,56 @@ class PrefixAwareSpec(_Frozen):
                                     "each); the least recently used go first, as in vLLM's cache.")
 
 
+SLO_CLASS_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,31}$"
+
+
+class SloClassSpec(_Frozen):
+    """A request class by prompt length, with its own targets where they differ."""
+
+    name: str = Field(pattern=SLO_CLASS_NAME_PATTERN, description="The `class` label of the SLO and latency metrics.")
+    maxPromptTokens: int | None = Field(
+        default=None, ge=1, description="The class holds prompts up to this many tokens (the router's count) that no "
+        "earlier class holds; unset on the last class only (every longer prompt)."
+    )
+    ttftS: float | None = Field(default=None, gt=0, description="This class's TTFT target; unset: `slo.ttftS`.")
+    tpotS: float | None = Field(default=None, gt=0, description="This class's TPOT target; unset: `slo.tpotS`.")
+
+
+DEFAULT_SLO_CLASSES: Final = (
+    SloClassSpec(name="chat", maxPromptTokens=1024),
+    SloClassSpec(name="retrieval", maxPromptTokens=8192),
+    SloClassSpec(name="document"),
+)
+
+
+class SloSpec(_Frozen):
+    """The latency targets a request is judged by (goodput: requests meeting both), per class.
+    The defaults suit this project's CPU workers; a GPU deployment sets its own."""
+
+    ttftS: float = Field(default=10.0, gt=0, description="Time-to-first-token target, seconds.")
+    tpotS: float = Field(
+        default=0.2, gt=0, description="Time-per-output-token target after the first, seconds: (last token − first) "
+        "÷ (tokens − 1), as `vllm bench serve` computes it."
+    )
+    classes: tuple[SloClassSpec, ...] = Field(
+        default=DEFAULT_SLO_CLASSES, min_length=1, description="Request classes by prompt length, shortest first "
+        "(default chat ≤ 1,024, retrieval ≤ 8,192, document above)."
+    )
+
+    @model_validator(mode="after")
+    def _classes_partition(self) -> SloSpec:
+        names = [c.name for c in self.classes]
+        if len(set(names)) != len(names):
+            raise ValueError(f"slo.classes: names must be unique, got {names}")
+        bounds = [c.maxPromptTokens for c in self.classes]
+        if bounds[-1] is not None or any(b is None for b in bounds[:-1]):
+            raise ValueError("slo.classes: every class but the last sets maxPromptTokens; the last holds every longer "
+                             "prompt and sets none")
+        if any(b is not None and a is not None and b <= a for a, b in zip(bounds, bounds[1:])):
+            raise ValueError(f"slo.classes: maxPromptTokens must increase, got {bounds[:-1]}")
+        return self
+
+
 class AdaptiveSpec(_Frozen):
     """The adaptive policy's cost model (``pdSpec.routingPolicy: adaptive``). Rates are measured
     online per worker; these priors only stand in until a worker's first measurement."""
@@ -203,13 +253,19 @@ class AdaptiveSpec(_Frozen):
         "running streams (each as a share of its TPOT slack) against the request's own budgets: 0 = only misses "
         "protect them, higher = protect them more (static-split-like)."
     )
-    ttftSloS: float = Field(
-        default=10.0, gt=0, description="The TTFT target the policy serves: a plan predicted to take longer counts a miss."
+    ttftSloS: float | None = Field(
+        default=None, gt=0, description="The TTFT target the policy serves: a plan predicted to take longer counts a "
+        "miss. Unset: `router.slo.ttftS`."
     )
-    tpotSloS: float = Field(
-        default=0.2, gt=0, description="The TPOT target: a plan that would push the new stream, or a running one, past it "
-        "counts a miss. The policy minimises predicted misses first, then latency."
+    tpotSloS: float | None = Field(
+        default=None, gt=0, description="The TPOT target: a plan that would push the new stream, or a running one, past "
+        "it counts a miss. The policy minimises predicted misses first, then latency. Unset: `router.slo.tpotS`."
     )
+
+    def targets(self, slo: SloSpec) -> tuple[float, float]:
+        """(TTFT, TPOT) the policy serves: its own where set, else the router's SLO."""
+        return (self.ttftSloS if self.ttftSloS is not None else slo.ttftS,
+                self.tpotSloS if self.tpotSloS is not None else slo.tpotS)
     priorPrefillTokensPerS: float = Field(default=500.0, gt=0, description="A worker's prefill rate before it is measured.")
     priorDecodeTokensPerS: float = Field(default=30.0, gt=0, description="One stream's decode rate before it is measured.")
     priorSplitOverheadS: float = Field(
@@ -260,6 +316,7 @@ class RouterSpec(_Frozen):
     breaker: BreakerSpec = Field(default_factory=BreakerSpec)
     retry: RetrySpec = Field(default_factory=RetrySpec)
     migration: MigrationSpec = Field(default_factory=MigrationSpec)
+    slo: SloSpec = Field(default_factory=SloSpec)
     adaptive: AdaptiveSpec = Field(default_factory=AdaptiveSpec)
     prefixAware: PrefixAwareSpec = Field(default_factory=PrefixAwareSpec)
     drainTimeoutS: float = Field(

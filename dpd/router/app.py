@@ -23,6 +23,7 @@ import hashlib
 import hmac
 import logging
 import secrets
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -60,6 +61,7 @@ from dpd.router.protocol import (
     requested_max_tokens,
 )
 from dpd.router.routing import RoutingPolicy, priors_from
+from dpd.router.slo import SloClass, SloJudge
 from dpd.router.streaming import ClientGone, RelayResponse, TokenTimer, noop, read_body, until_disconnect
 from dpd.router.tenants import Tenant, TenantRegistry
 from dpd.router.tokens import TokenCounter, Tokenizer, load_tokenizer
@@ -110,6 +112,7 @@ class Router:
     def __init__(self, settings: RouterSettings, tokenizer: Tokenizer | None = None):
         self.settings = settings
         self.metrics = RouterMetrics()
+        self.slo = SloJudge(settings.spec.slo, self.metrics)
         spec = settings.spec
         self.tenants = TenantRegistry(settings.tenants)
         self.shared_rates = SharedRates(priors_from(spec.adaptive))  # an unmeasured worker is predicted at its peers' rates
@@ -122,7 +125,7 @@ class Router:
                                      decode_first_token_timeout_s=spec.decodeFirstTokenTimeoutS,
                                      prefix_index=PrefixIndex(settings.kv_block_size, prefix.maxBlocksPerWorker,
                                                               prefix.loadWeightTokens) if prefix.enabled else None,
-                                     min_cached_tokens=prefix.minCachedTokens)
+                                     min_cached_tokens=prefix.minCachedTokens, slo=spec.slo)
         # Each tenant's prompts carry a cache_salt only the router derives (from a secret), so no
         # tenant can hit another's prefix cache; the workers' key is stable across router restarts.
         self._salt_key = (settings.worker_api_key or secrets.token_hex(32)).encode()
@@ -215,6 +218,7 @@ class Router:
                 m.draining.labels(w.pool, w.name).set(1 if w.is_draining else 0)
                 m.prefill_rate.labels(w.pool, w.name).set(w.load.prefill_tokens_per_s)
                 m.queued_prefill_tokens.labels(w.pool, w.name).set(w.load.queued_prefill_tokens)
+                m.queued_prefills.labels(w.pool, w.name).set(w.load.num_prefills)
                 m.streams.labels(w.pool, w.name).set(w.load.num_streams)
         m.recommended_threshold.set(self.routing.recommended_threshold(self.decode))
         m.adaptive_policy.set(1 if self.routing.policy == "adaptive" else 0)
@@ -234,6 +238,7 @@ class Router:
         headers = {"x-request-id": request_id}
         path_label = "none"
         tenant: Tenant | None = None
+        slo_class: SloClass | None = None  # known once the prompt is counted
         outcome = "ok"
         finish = self._begin_request()
         try:
@@ -248,12 +253,14 @@ class Router:
                 raw = await self._read_body(request)
             except ClientDisconnect:
                 raise ClientGone() from None
+            received_at = time.monotonic()  # TTFT counts from here: tokenizing, deciding and queueing included
             body, parsed = parse_body(raw, kind)
             self._check_model(parsed.model)
             token_ids = await self._tokenizer_call(
                 self.counter.token_ids, parsed, what="tokenize the prompt",
                 param="messages" if isinstance(parsed, ChatCompletionRequest) else "prompt")
             num_prompt_tokens = len(token_ids)
+            slo_class = self.slo.classify(num_prompt_tokens)
             max_tokens = requested_max_tokens(parsed)
             self._check_length(num_prompt_tokens, max_tokens)
             if tenant is not None:
@@ -268,7 +275,7 @@ class Router:
                                            prefix_hashes)
             self.metrics.decisions.labels(decision.path.value, decision.reason.value).inc()
             ctx = RequestContext(request_id, endpoint, body, decision, num_prompt_tokens, tenant=tenant_name,
-                                 max_output_tokens=max_tokens)
+                                 max_output_tokens=max_tokens, started_at=received_at)
             assert self.flow is not None
             stream = await until_disconnect(request, self.flow.open(ctx))
             path_label = stream.path_label
@@ -298,6 +305,8 @@ class Router:
         except ApiError as error:
             outcome = str(error.status)
             self.metrics.requests.labels(path_label, outcome).inc()
+            if slo_class is not None and (error.status >= 500 or error.status == 429):  # ours, not the input's
+                self.slo.failed(slo_class, path_label)
             if error.status >= 500:
                 log.warning("request %s: %s %s", request_id, error.status, error.message)
             return error.response(headers)
@@ -310,6 +319,8 @@ class Router:
             outcome = "500"
             log.exception("request %s: internal error", request_id)
             self.metrics.requests.labels(path_label, "500").inc()
+            if slo_class is not None:
+                self.slo.failed(slo_class, path_label)
             return ApiError(500, "Internal router error; see the router log for request " + request_id, type="api_error").response(headers)
         finally:
             finish()
@@ -371,6 +382,9 @@ class Router:
         except ApiError as error:
             self.metrics.tenant_rate_limited.labels(tenant.name, error.param or "").inc()
             raise
+
+    def _slo_of(self, ctx: RequestContext) -> tuple[SloJudge, SloClass]:
+        return self.slo, self.slo.classify(ctx.num_prompt_tokens)
 
     def _output_meter(self, ctx: RequestContext) -> Callable[[int], None] | None:
         """What counts a tenant's generated tokens (its metric and its output bucket)."""
@@ -436,7 +450,7 @@ class Router:
 
     async def _relay(self, ctx: RequestContext, continued: ContinuedStream, want_usage: bool) -> AsyncIterator[bytes]:
         stream = continued.stream
-        timer = TokenTimer(self.metrics, stream.path_label, ctx.started_at, self._output_meter(ctx))
+        timer = TokenTimer(self.metrics, stream.path_label, ctx.started_at, self._output_meter(ctx), self._slo_of(ctx))
         outcome = "ok"
         try:
             async for raw, chunk in continued.events():
@@ -463,7 +477,8 @@ class Router:
             timer.finish(outcome)
 
     async def _aggregate(self, ctx: RequestContext, continued: ContinuedStream, is_chat: bool) -> dict[str, Any]:
-        timer = TokenTimer(self.metrics, continued.stream.path_label, ctx.started_at, self._output_meter(ctx))
+        timer = TokenTimer(self.metrics, continued.stream.path_label, ctx.started_at, self._output_meter(ctx),
+                           self._slo_of(ctx))
         aggregator = StreamAggregator(is_chat)
         outcome = "worker_error"
         try:

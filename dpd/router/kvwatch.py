@@ -8,6 +8,12 @@ decoder pulled: neither shows in the stream the router relays. vLLM counts both 
 ``interval_s`` and reports what grew as ``dpd_kv_transfer_failures_total{pool,worker,kind}``,
 with a warning in its log: a disaggregated request that was silently recomputed is visible.
 
+The same reading re-exports what the engine measured of the transfers that worked — the sums
+and counts of ``vllm:nixl_xfer_time_seconds`` and ``vllm:nixl_bytes_transferred`` (reported by
+the decoder that pulled) — as ``dpd_kv_transfers_total``, ``dpd_kv_transfer_seconds_total`` and
+``dpd_kv_transfer_bytes_total{pool,worker}``, so one Prometheus target (the router) shows the
+KV path; the engine's own histograms stay on each worker's ``/metrics``.
+
 The first reading of a worker is its baseline; a counter that went down means the worker
 restarted, and the new value is the baseline. Pure parsing (``nixl_counters``) is separate
 from the loop.
@@ -20,6 +26,7 @@ import logging
 from collections.abc import Sequence
 
 import aiohttp
+from prometheus_client import Counter
 from prometheus_client.parser import text_string_to_metric_families
 
 from dpd.router.metrics import RouterMetrics
@@ -32,6 +39,12 @@ WATCHED = {
     "vllm:nixl_num_failed_transfers": "failed_pull",
     "vllm:nixl_num_kv_expired_reqs": "lease_expired",
     "vllm:nixl_num_failed_notifications": "failed_notification",
+}
+# The transfers that worked: a histogram's sum or count -> our ``kind``.
+MEASURED = {
+    "vllm:nixl_xfer_time_seconds_count": "transfers",
+    "vllm:nixl_xfer_time_seconds_sum": "transfer_seconds",
+    "vllm:nixl_bytes_transferred_sum": "transfer_bytes",
 }
 WHAT = {
     "failed_pull": "KV pulls failed (the decoder recomputed those prompts, or failed them with kvLoadFailurePolicy: fail)",
@@ -47,7 +60,7 @@ def nixl_counters(text: str) -> dict[str, float]:
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:  # the parser may file ``X_total`` under its own family
-                kind = WATCHED.get(sample.name.removesuffix("_total"))
+                kind = WATCHED.get(sample.name.removesuffix("_total")) or MEASURED.get(sample.name)
                 if kind is not None:
                     values[kind] = values.get(kind, 0.0) + sample.value
     except ValueError:  # not an exposition page: nothing to read
@@ -73,11 +86,19 @@ class KvWatch:
         grown: dict[str, float] = {}
         for kind, value in values.items():
             delta = value - last.get(kind, 0.0)
-            if delta > 0:  # a drop is a restarted worker: the new value is the baseline
-                grown[kind] = delta
+            if delta <= 0:  # a drop is a restarted worker: the new value is the baseline
+                continue
+            grown[kind] = delta
+            if kind in WHAT:
                 self._metrics.kv_transfer_failures.labels(worker.pool, worker.name, kind).inc(delta)
                 log.warning("%s: %d %s", worker.name, int(delta), WHAT[kind])
+            else:
+                self._counter(kind).labels(worker.pool, worker.name).inc(delta)
         return grown
+
+    def _counter(self, kind: str) -> Counter:
+        m = self._metrics
+        return {"transfers": m.kv_transfers, "transfer_seconds": m.kv_transfer_seconds, "transfer_bytes": m.kv_transfer_bytes}[kind]
 
     async def scrape_once(self) -> None:
         workers = [w for pool in self._pools for w in pool.workers]

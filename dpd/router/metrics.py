@@ -1,8 +1,11 @@
 """The router's Prometheus metrics, in a registry owned by one router instance.
 
 Latency histograms carry the ``path`` label (disaggregated / direct), so TTFT and ITL of the
-two paths can be compared; the P/D hops have their own histograms so an operator can tell a
-slow prefill from a slow KV pull. ``dpd_pd_stalls_total`` counts decode hops whose first token
+two paths can be compared, and the ``class`` label of ``router.slo`` (slo.py) so a chat
+request's ITL is not averaged with a document's; ``dpd_slo_requests_total`` says which met the
+SLO (goodput). Buckets span a GPU's milliseconds and a CPU's seconds, so a P99 reads either.
+The P/D hops have their own histograms so an operator can tell a slow prefill from a slow KV
+pull. ``dpd_pd_stalls_total`` counts decode hops whose first token
 missed the deadline (the upstream NIXL stall), each one served again on the direct path.
 """
 
@@ -11,7 +14,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 7.5, 10, 15, 20, 30, 60, 120)
-ITL_BUCKETS_S = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2, 5, 10)
+ITL_BUCKETS_S = (0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2, 5, 10)
 TOKEN_BUCKETS = (16, 64, 128, 256, 512, 1024, 2048, 3072, 4096, 6144, 8192, 16384, 32768)
 
 
@@ -32,8 +35,14 @@ class RouterMetrics:
             ["decoder", "prefiller"],
             registry=r,
         )
-        self.ttft = Histogram("dpd_ttft_seconds", "Time to first token.", ["path"], buckets=LATENCY_BUCKETS_S, registry=r)
-        self.itl = Histogram("dpd_itl_seconds", "Inter-token latency.", ["path"], buckets=ITL_BUCKETS_S, registry=r)
+        self.ttft = Histogram("dpd_ttft_seconds", "Time to first token.", ["path", "class"], buckets=LATENCY_BUCKETS_S,
+                              registry=r)
+        self.itl = Histogram("dpd_itl_seconds", "Inter-token latency (one gap per streamed chunk).", ["path", "class"],
+                             buckets=ITL_BUCKETS_S, registry=r)
+        self.slo_requests = Counter(
+            "dpd_slo_requests", "Requests judged by router.slo, by path, class, target (ttft, tpot, all = both) and "
+            "outcome (met, missed; a failed request missed).", ["path", "class", "slo", "outcome"], registry=r,
+        )
         self.e2e = Histogram("dpd_e2e_seconds", "End-to-end request latency.", ["path"], buckets=LATENCY_BUCKETS_S, registry=r)
         self.prefill_hop = Histogram(
             "dpd_prefill_hop_seconds", "Prefill hop latency (request to KV ready).", buckets=LATENCY_BUCKETS_S, registry=r
@@ -61,6 +70,10 @@ class RouterMetrics:
         )
         self.queued_prefill_tokens = Gauge(
             "dpd_worker_queued_prefill_tokens", "Prompt tokens sent to the worker whose prefill has not finished.",
+            ["pool", "worker"], registry=r,
+        )
+        self.queued_prefills = Gauge(
+            "dpd_worker_queued_prefills", "Requests sent to the worker whose prefill has not finished.",
             ["pool", "worker"], registry=r,
         )
         self.streams = Gauge("dpd_worker_streams", "Requests decoding on the worker.", ["pool", "worker"], registry=r)
@@ -127,6 +140,19 @@ class RouterMetrics:
             "dpd_kv_transfer_failures", "KV transfers a worker's engine counted as lost (vLLM's NIXL counters): "
             "failed_pull (recomputed or failed on the decoder), lease_expired, failed_notification.",
             ["pool", "worker", "kind"], registry=r,
+        )
+        # KV transfers as the engine measured them (vLLM's NIXL histograms' sums and counts, kvwatch.py).
+        self.kv_transfers = Counter(
+            "dpd_kv_transfers", "KV transfers a worker's engine completed (vllm:nixl_xfer_time_seconds_count).",
+            ["pool", "worker"], registry=r,
+        )
+        self.kv_transfer_seconds = Counter(
+            "dpd_kv_transfer_seconds", "Their summed duration (vllm:nixl_xfer_time_seconds_sum): mean = rate of this "
+            "÷ rate of dpd_kv_transfers_total.", ["pool", "worker"], registry=r,
+        )
+        self.kv_transfer_bytes = Counter(
+            "dpd_kv_transfer_bytes", "KV bytes they moved (vllm:nixl_bytes_transferred_sum).", ["pool", "worker"],
+            registry=r,
         )
 
     WORKER_LABELS = ("worker", "decoder", "prefiller")  # labels that name a worker

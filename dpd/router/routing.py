@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import get_args
 
-from dpd.config.model import AdaptiveSpec, PdSpec, PrefixAwareSpec
+from dpd.config.model import AdaptiveSpec, PdSpec, PrefixAwareSpec, SloSpec
 from dpd.router.adaptive import AdaptiveDecider, Candidates, Slo, recommended_threshold
 from dpd.router.decide import Decision, Path, Reason, ThresholdDecider
 from dpd.router.load import EndpointLoad, LoadPriors
@@ -38,7 +38,7 @@ class RoutingPolicy:
     def __init__(self, policy: str, threshold_tokens: int, spec: AdaptiveSpec, metrics: RouterMetrics, *,
                  is_colocated: bool = False, max_model_len: int = 8192, prefill_timeout_s: float = math.inf,
                  decode_first_token_timeout_s: float = math.inf, prefix_index: PrefixIndex | None = None,
-                 min_cached_tokens: int = 1):
+                 min_cached_tokens: int = 1, slo: SloSpec = SloSpec()):
         self._metrics = metrics
         self.prefix_index = prefix_index  # prefix-aware routing while ``prefix_active``
         self.prefix_active = prefix_index is not None
@@ -49,7 +49,7 @@ class RoutingPolicy:
         self.endpoint = EndpointLoad(priors_from(spec))
         self.threshold = ThresholdDecider(threshold_tokens, is_colocated=is_colocated)
         self.adaptive = AdaptiveDecider(threshold_tokens, self.endpoint, stall_weight=spec.stallWeight,
-                                        is_colocated=is_colocated, slo=Slo(spec.ttftSloS, spec.tpotSloS),
+                                        is_colocated=is_colocated, slo=Slo(*spec.targets(slo)),
                                         # margins for the measured rates' error
                                         max_prefill_wait_s=0.8 * prefill_timeout_s,
                                         max_decode_wait_s=0.5 * decode_first_token_timeout_s)
@@ -152,7 +152,7 @@ class RoutingPolicy:
             "threshold_tokens": self.threshold_tokens,
             "recommended_threshold_tokens": self.recommended_threshold(decode),
             "stall_weight": self.spec.stallWeight,
-            "slo": {"ttft_s": self.spec.ttftSloS, "tpot_s": self.spec.tpotSloS},
+            "slo": {"ttft_s": self.adaptive.slo.ttft_s, "tpot_s": self.adaptive.slo.tpot_s},
             "split_overhead_s": round(self.endpoint.split_overhead.value, 4),
             "split_overhead_samples": self.endpoint.split_overhead.num_samples,
             "mean_output_tokens": round(self.endpoint.output_tokens.value, 1),

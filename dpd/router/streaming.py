@@ -15,6 +15,7 @@ from starlette.responses import StreamingResponse
 from dpd.router.aggregate import has_finish, num_content_tokens
 from dpd.router.errors import ApiError
 from dpd.router.metrics import RouterMetrics
+from dpd.router.slo import SloClass, SloJudge
 
 
 async def read_body(request: Request, max_bytes: int, timeout_s: float) -> bytes:
@@ -70,14 +71,18 @@ class RelayResponse(StreamingResponse):
 
 
 class TokenTimer:
-    """Records TTFT, inter-token gaps, E2E and output tokens of one relayed stream."""
+    """Records TTFT, inter-token gaps, E2E and output tokens of one relayed stream, and judges
+    it by its SLO class (slo.py) when it ends."""
 
     def __init__(self, metrics: RouterMetrics, path: str, started_at: float,
-                 on_output: Callable[[int], None] | None = None):
+                 on_output: Callable[[int], None] | None = None, slo: tuple[SloJudge, SloClass] | None = None):
         self._on_output = on_output  # the tenant's metering of generated tokens
         self._metrics = metrics
         self._path = path
+        self._slo = slo
+        self._class = slo[1].name if slo is not None else "none"
         self._started_at = started_at
+        self._first_token_at: float | None = None
         self._last_token_at: float | None = None
         self._num_output_tokens: int | None = None
 
@@ -90,10 +95,24 @@ class TokenTimer:
             return
         now = time.monotonic()
         if self._last_token_at is None:
-            self._metrics.ttft.labels(self._path).observe(now - self._started_at)
+            self._first_token_at = now
+            self._metrics.ttft.labels(self._path, self._class).observe(now - self._started_at)
         else:
-            self._metrics.itl.labels(self._path).observe(now - self._last_token_at)
+            self._metrics.itl.labels(self._path, self._class).observe(now - self._last_token_at)
         self._last_token_at = now
+
+    def judge(self, outcome: str) -> None:
+        """Count the request against its SLO: an ``ok`` one by its timings, a failed one as missed
+        (a client that went away is not judged)."""
+        if self._slo is None or outcome == "client_gone":
+            return
+        judge, cls = self._slo
+        first, last = self._first_token_at, self._last_token_at
+        if outcome != "ok" or first is None or last is None:
+            judge.failed(cls, self._path)
+            return
+        n = self._num_output_tokens or 1
+        judge.judge(cls, self._path, first - self._started_at, (last - first) / (n - 1) if n > 1 else 0.0)
 
     def finish(self, outcome: str, count_request: bool = True) -> None:
         if self._num_output_tokens:
@@ -103,6 +122,7 @@ class TokenTimer:
         self._metrics.e2e.labels(self._path).observe(time.monotonic() - self._started_at)
         if count_request:
             self._metrics.requests.labels(self._path, outcome).inc()
+            self.judge(outcome)
 
 
 async def until_disconnect(request: Request, coro: Any) -> Any:

@@ -71,6 +71,17 @@ def test_reference_resource_fields_are_accepted():
         ({"pdSpec": {"router": {"port": 70000}}}, "spec.pdSpec.router.port: Input should be less than or equal to 65535"),
         ({"pdSpec": {"router": {"decodeFirstTokenTimeoutS": 30}}},  # issue 16, finding 8
          "router.decodeFirstTokenTimeoutS (30s) must be shorter than kvTransferSpec.kvLeaseDurationS (30s)"),
+        # issue 15: SLO classes partition prompt lengths
+        ({"pdSpec": {"router": {"slo": {"classes": [{"name": "a", "maxPromptTokens": 9}, {"name": "a"}]}}}},
+         "slo.classes: names must be unique"),
+        ({"pdSpec": {"router": {"slo": {"classes": [{"name": "a", "maxPromptTokens": 9}, {"name": "b", "maxPromptTokens": 99}]}}}},
+         "the last holds every longer prompt and sets none"),
+        ({"pdSpec": {"router": {"slo": {"classes": [{"name": "a", "maxPromptTokens": 9}, {"name": "b", "maxPromptTokens": 5},
+                                                    {"name": "c"}]}}}},
+         "slo.classes: maxPromptTokens must increase"),
+        ({"pdSpec": {"router": {"slo": {"tpotS": 0}}}}, "spec.pdSpec.router.slo.tpotS: Input should be greater than 0"),
+        ({"pdSpec": {"router": {"slo": {"classes": [{"name": "Chat Class"}]}}}},
+         "spec.pdSpec.router.slo.classes[0].name: String should match pattern"),
     ],
 )
 def test_invalid_configs_name_the_field(spec, expected):

@@ -510,3 +510,59 @@ async def test_prefix_aware_routing_sends_a_sessions_turns_to_one_worker_and_sal
     assert len(salts) == 2 and all(len(s) == 64 for s in salts)
     refused = await client.post("/v1/completions", json={**BODY, "cache_salt": "mine"}, headers=x)
     assert refused.status_code == 400
+
+
+async def test_requests_are_judged_by_their_slo_class(make_router):
+    """Issue 15: router.slo classes by prompt length; a fast answer meets both targets, a slow
+    stream misses TPOT, a failed one misses both, and the latency histograms carry the class."""
+    slo = {"ttftS": 5.0, "tpotS": 0.05, "classes": [{"name": "short", "maxPromptTokens": 3},
+                                                    {"name": "long", "tpotS": 1.0}]}
+    slow = ScriptedWorker(token_delay_s=0.1)  # 3 tokens, 0.1 s apart: TPOT 0.1 s
+    client = await make_router(None, slow, slo=slo)
+    for prompt in ("a b", "a b c d e"):  # short (2 tokens) and long (5)
+        assert (await client.post("/v1/completions", json={**BODY, "prompt": prompt})).status_code == 200
+    text = (await client.get("/metrics")).text
+    judged = 'dpd_slo_requests_total{class="%s",outcome="%s",path="direct",slo="%s"}'
+    assert metric(text, judged % ("short", "met", "ttft")) == 1
+    assert metric(text, judged % ("short", "missed", "tpot")) == 1  # 0.1 s > 0.05 s
+    assert metric(text, judged % ("short", "missed", "all")) == 1
+    assert metric(text, judged % ("long", "met", "all")) == 1  # its own 1 s TPOT target
+    assert metric(text, 'dpd_ttft_seconds_count{class="long",path="direct"}') == 1
+    assert metric(text, 'dpd_itl_seconds_count{class="short",path="direct"}') == 2
+
+
+async def test_a_failed_request_misses_its_slo_and_bad_input_is_not_judged(make_router):
+    decode = ScriptedWorker(num_decode_failures=5)
+    client = await make_router(None, decode, retry={"maxAttempts": 1})
+    resp = await client.post("/v1/completions", json=BODY)
+    assert resp.status_code >= 500
+    assert (await client.post("/v1/completions", json={**BODY, "max_tokens": -1})).status_code == 400
+    text = (await client.get("/metrics")).text
+    assert metric(text, 'dpd_slo_requests_total{class="chat",outcome="missed"') == 3  # ttft, tpot, all
+    assert metric(text, 'dpd_slo_requests_total{class="chat",outcome="met"') == 0
+
+
+async def test_kv_transfers_the_engine_measured_are_re_exported(make_router):
+    page = ('# HELP vllm:nixl_xfer_time_seconds Histogram of transfer duration.\n'
+            '# TYPE vllm:nixl_xfer_time_seconds histogram\n'
+            'vllm:nixl_xfer_time_seconds_bucket{engine="0",le="+Inf"} %(n)s\n'
+            'vllm:nixl_xfer_time_seconds_count{engine="0"} %(n)s\n'
+            'vllm:nixl_xfer_time_seconds_sum{engine="0"} %(s)s\n'
+            '# HELP vllm:nixl_bytes_transferred Histogram of bytes.\n'
+            '# TYPE vllm:nixl_bytes_transferred histogram\n'
+            'vllm:nixl_bytes_transferred_bucket{engine="0",le="+Inf"} %(n)s\n'
+            'vllm:nixl_bytes_transferred_count{engine="0"} %(n)s\n'
+            'vllm:nixl_bytes_transferred_sum{engine="0"} %(b)s\n')
+    prefill, decode = ScriptedWorker(), ScriptedWorker()
+    decode.metrics_text = page % {"n": 2, "s": 0.5, "b": 2048}  # the baseline
+    client = await make_router(prefill, decode)
+    watch = client.router.kv_watch
+    await watch.scrape_once()
+    decode.metrics_text = page % {"n": 5, "s": 1.1, "b": 8192}
+    await watch.scrape_once()
+    text = (await client.get("/metrics")).text
+    where = '{pool="decode",worker="decode-0"}'
+    assert metric(text, "dpd_kv_transfers_total" + where) == 3
+    assert metric(text, "dpd_kv_transfer_seconds_total" + where) == pytest.approx(0.6)
+    assert metric(text, "dpd_kv_transfer_bytes_total" + where) == 6144
+    assert metric(text, "dpd_kv_transfer_failures_total") == 0
