@@ -275,11 +275,19 @@ def _cmd_bench_plot(args: argparse.Namespace) -> int:
 
 def _cmd_bench_audit(args: argparse.Namespace) -> int:
     from dpd.bench.audit import audit, render
-    from dpd.bench.workloads import Scaling, load_azure_trace, scale
+    from dpd.bench.workloads import Scaling, load_request_log, load_trace, scale
 
     scaling = Scaling(rate_multiplier=args.rate_multiplier, max_prompt_tokens=args.max_prompt_tokens)
-    trace = scale(load_azure_trace(args.trace, tuple(args.sources.split(","))), scaling)
-    print(render(audit(trace, args.threshold), f"{args.sources} from {args.trace}; {scaling.describe()}"))
+    try:
+        if Path(args.trace).is_file():  # a request log (router.requestLog)
+            served, skipped = load_request_log(args.trace)
+            what = f"request log {args.trace} ({len(served)} served requests; {skipped} not ok or unreadable, left out)"
+        else:
+            served, what = load_trace(args.trace, tuple(args.sources.split(","))), f"{args.sources} from {args.trace}"
+        print(render(audit(scale(served, scaling), args.threshold), f"{what}; {scaling.describe()}"))
+    except (OSError, ValueError) as exc:
+        print(f"dpd bench audit: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -429,7 +437,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--max-prompt-tokens", type=int, default=4096)
     b.add_argument("--max-output-tokens", type=int, default=64)
     b.add_argument("--output-scale", type=float, default=0.5)
-    b.add_argument("--trace", default=str(DEFAULT_TRACE_DIR))
+    b.add_argument("--trace", default=str(DEFAULT_TRACE_DIR),
+                   help="the Azure trace's directory, or a request log (router.requestLog) to replay what an endpoint served")
     b.add_argument("--out", default="results/bench", help="directory for results.json and report.md")
     b.set_defaults(func=_cmd_bench_run)
 
@@ -481,7 +490,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(func=_cmd_bench_plot)
 
     b = bench.add_parser("audit", help="token histograms and demanded token rates of a trace")
-    b.add_argument("--trace", default=str(DEFAULT_TRACE_DIR), help="directory of the Azure LLM trace CSVs")
+    b.add_argument("--trace", default=str(DEFAULT_TRACE_DIR),
+                   help="directory of the Azure LLM trace CSVs, or a request log (router.requestLog) to audit what was served")
     b.add_argument("--sources", default="conv,code", help="which trace files to merge")
     b.add_argument("--threshold", type=int, default=DEFAULT_ROUTING_THRESHOLD_TOKENS)
     b.add_argument("--rate-multiplier", type=float, default=1.0)

@@ -37,7 +37,7 @@ import requests
 
 from dpd.bench.client import replay
 from dpd.bench.stats import RequestRecord, Slo, bootstrap_ci, percentile
-from dpd.bench.workloads import TraceRequest, load_azure_trace, synthetic
+from dpd.bench.workloads import TraceRequest, load_trace, synthetic
 from dpd.launch.child import ServeProcess, write_config
 
 SCENARIOS = ("colocated", "dpd", "dpd-adaptive")
@@ -84,16 +84,18 @@ def request_set(spec: LadderSpec, workload: str, base: list[TraceRequest] | None
     if workload != "trace":
         raise ValueError(f"unknown workload {workload!r}; allowed: trace, synthetic")
     if base is None:
-        base = load_azure_trace(spec.trace_dir)
-    window = base[TRACE_OFFSET:TRACE_OFFSET + n]
+        base = load_trace(spec.trace_dir)
+    offset = TRACE_OFFSET if len(base) >= TRACE_OFFSET + n else 0  # a short trace (a request log): from its start
+    window = base[offset:offset + n]
     if len(window) < 2:
-        raise ValueError(f"the trace has too few requests after #{TRACE_OFFSET}")
+        raise ValueError(f"the trace has too few requests after #{offset}")
     t0 = window[0].arrival_s
     native_rps = (len(window) - 1) / max(window[-1].arrival_s - t0, 1e-9)
     trace = [replace(r, arrival_s=(r.arrival_s - t0) * native_rps, num_prompt_tokens=min(r.num_prompt_tokens, cap),
                      num_output_tokens=max(1, min(r.num_output_tokens, out_cap))) for r in window]
     num_capped = sum(r.num_prompt_tokens > cap for r in window)
-    return trace, (f"Azure conv+code, requests #{TRACE_OFFSET}–#{TRACE_OFFSET + n - 1} ({native_rps:.2f} req/s natively), "
+    return trace, (f"{spec.trace_dir if offset == 0 else 'Azure conv+code'}, requests #{offset}–#{offset + len(window) - 1} "
+                   f"({native_rps:.2f} req/s natively), "
                    f"prompts capped at {cap} tokens ({num_capped} of {n} capped), outputs capped at {out_cap}")
 
 
@@ -256,7 +258,7 @@ def settle(url: str, spec: LadderSpec, seed: int, attempts: int = 12) -> list[st
 
 def run(spec: LadderSpec, out_dir: Path) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
-    base = load_azure_trace(spec.trace_dir) if "trace" in spec.workloads else None
+    base = load_trace(spec.trace_dir) if "trace" in spec.workloads else None
     sets = {w: request_set(spec, w, base) for w in spec.workloads}
     started = time.time()
     results: dict = {"spec": {**asdict(spec), "slo": asdict(spec.slo)}, "workloads": {w: d for w, (_, d) in sets.items()},

@@ -39,7 +39,7 @@ import requests
 from dpd.bench.client import replay
 from dpd.bench.overhead import peer_router
 from dpd.bench.stats import RequestRecord, Slo, counter_totals, summarize
-from dpd.bench.workloads import Scaling, TraceRequest, agent_sessions, load_azure_trace, scale, synthetic
+from dpd.bench.workloads import Scaling, TraceRequest, agent_sessions, load_trace, scale, synthetic
 from dpd.launch.child import ServeProcess, write_config
 
 SCENARIOS = ("colocated", "dpd", "dpd-always", "dpd-adaptive", "vllm-router")  # the default set
@@ -73,10 +73,14 @@ class BenchSpec:
 
 
 def trace_at_rate(base: list[TraceRequest], spec: BenchSpec, rate_rps: float) -> tuple[list[TraceRequest], Scaling]:
-    """``rate_rps * duration_s`` consecutive requests from ``TRACE_OFFSET``, time-scaled so their
-    mean rate is ``rate_rps``: the trace's own burstiness, at a rate this machine can serve."""
+    """``rate_rps * duration_s`` consecutive requests from ``TRACE_OFFSET`` (from the start of a
+    trace too short for it, such as a request log), time-scaled so their mean rate is
+    ``rate_rps``: the trace's own burstiness, at a rate this machine can serve."""
     num = max(2, round(rate_rps * spec.duration_s))
-    window = base[TRACE_OFFSET:TRACE_OFFSET + num]
+    offset = TRACE_OFFSET if len(base) >= TRACE_OFFSET + num else 0
+    window = base[offset:offset + num]
+    if len(window) < 2:
+        raise ValueError(f"the trace has {len(base)} request(s); a run needs at least 2")
     t0 = window[0].arrival_s
     window = [replace(r, arrival_s=r.arrival_s - t0) for r in window]
     native_rps = (len(window) - 1) / max(window[-1].arrival_s, 1e-9)
@@ -110,7 +114,9 @@ def workload_at_rate(base: list[TraceRequest], spec: BenchSpec, rate_rps: float)
                        f"outputs {max(1, spec.max_output_tokens // 4)}–{spec.max_output_tokens}, "
                        f"gamma arrivals (shape {spec.burstiness:g}) at {rate_rps:g} req/s")
     trace, scaling = trace_at_rate(base, spec, rate_rps)
-    return trace, f"Azure conv+code from request #{TRACE_OFFSET}: {scaling.describe()}"
+    source = (f"Azure conv+code from request #{TRACE_OFFSET}" if Path(spec.trace_dir).is_dir()
+              else f"{spec.trace_dir} (a request log) from its start")
+    return trace, f"{source}: {scaling.describe()}"
 
 
 def find_capacity(measure: Callable[[float], float], lo: float, hi: float, steps: int) -> float:
@@ -235,7 +241,7 @@ def _run_scenario(name: str, url: str, spec: BenchSpec, base: list[TraceRequest]
 
 
 def run(spec: BenchSpec, out_dir: Path) -> dict:
-    base = load_azure_trace(spec.trace_dir) if spec.workload == "trace" else []
+    base = load_trace(spec.trace_dir) if spec.workload == "trace" else []
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
     results: dict = {"spec": {**asdict(spec), "slo": asdict(spec.slo)}, "scenarios": {}, "sweep": []}

@@ -9,6 +9,7 @@ and scale, and a prompt cap that fits requests into the model's context.
 from __future__ import annotations
 
 import csv
+import json
 import random
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -156,3 +157,38 @@ def agent_sessions(
         for i, start in enumerate(starts) for turn in range(turns)
     ]
     return sorted(out, key=lambda r: r.arrival_s)
+
+
+def load_request_log(path: str | Path) -> tuple[list[TraceRequest], int]:
+    """A request log's served requests (router/requestlog.py) as a trace: arrivals from its
+    times, prompt tokens as the router counted them, output tokens as served; the tenant (or
+    the API) is the source. Requests that did not finish ``ok`` have no output count and are
+    left out; returns the trace and how many lines were left out (unreadable ones included)."""
+    rows: list[tuple[float, int, int, str]] = []
+    skipped = 0
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                entry = json.loads(line)
+                if entry.get("outcome") != "ok" or not entry.get("output_tokens"):
+                    skipped += 1
+                    continue
+                rows.append((float(entry["time"]), int(entry["prompt_tokens"]), int(entry["output_tokens"]),
+                             str(entry.get("tenant") or entry.get("api") or "log")))
+            except (ValueError, KeyError, TypeError, AttributeError):
+                skipped += 1
+    rows.sort(key=lambda r: r[0])
+    start = rows[0][0] if rows else 0.0
+    return [TraceRequest(t - start, p, o, s) for t, p, o, s in rows], skipped
+
+
+def load_trace(path: str | Path, sources: tuple[str, ...] = ("conv", "code")) -> list[TraceRequest]:
+    """A trace from ``path``: a directory of the Azure LLM trace's CSVs (``sources`` picks the
+    files), or a file written by the router's request log (JSON lines)."""
+    if Path(path).is_dir():
+        return load_azure_trace(path, sources)
+    if not Path(path).exists():
+        raise FileNotFoundError(f"no trace at {path}: give a directory of the Azure trace's CSVs or a request log file")
+    return load_request_log(path)[0]

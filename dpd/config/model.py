@@ -179,6 +179,18 @@ class TenantSpec(_Frozen):
         return digests
 
 
+class RequestLogSpec(_Frozen):
+    """The opt-in request log (router/requestlog.py): one JSON line per request, for auditing and
+    replaying what the endpoint served."""
+
+    path: str | None = Field(
+        default=None, description="File the router appends to (created owner-only); unset = no log. On a cluster, a "
+        "path on a volume mounted into the router."
+    )
+    includePrompts: bool = Field(default=False, description="Also log each prompt's text (off: token counts only).")
+    maxMegabytes: int = Field(default=100, ge=1, description="Past this size the log is rotated once (LOG -> LOG.1).")
+
+
 class PrefixAwareSpec(_Frozen):
     """Prefix-cache-aware routing (``dpd/router/prefix.py``): requests go where their prompt's
     leading KV blocks are cached, and the P/D decision counts only the uncached tokens."""
@@ -317,6 +329,7 @@ class RouterSpec(_Frozen):
     retry: RetrySpec = Field(default_factory=RetrySpec)
     migration: MigrationSpec = Field(default_factory=MigrationSpec)
     slo: SloSpec = Field(default_factory=SloSpec)
+    requestLog: RequestLogSpec = Field(default_factory=RequestLogSpec)
     adaptive: AdaptiveSpec = Field(default_factory=AdaptiveSpec)
     prefixAware: PrefixAwareSpec = Field(default_factory=PrefixAwareSpec)
     drainTimeoutS: float = Field(

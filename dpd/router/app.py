@@ -60,6 +60,7 @@ from dpd.router.protocol import (
     parse_tokenize,
     requested_max_tokens,
 )
+from dpd.router.requestlog import RequestLog
 from dpd.router.routing import RoutingPolicy, priors_from
 from dpd.router.slo import SloClass, SloJudge
 from dpd.router.streaming import ClientGone, RelayResponse, TokenTimer, noop, read_body, until_disconnect
@@ -113,6 +114,8 @@ class Router:
         self.settings = settings
         self.metrics = RouterMetrics()
         self.slo = SloJudge(settings.spec.slo, self.metrics)
+        log_spec = settings.spec.requestLog
+        self.request_log = RequestLog(log_spec.path, log_spec.maxMegabytes << 20) if log_spec.path else None
         spec = settings.spec
         self.tenants = TenantRegistry(settings.tenants)
         self.shared_rates = SharedRates(priors_from(spec.adaptive))  # an unmeasured worker is predicted at its peers' rates
@@ -195,6 +198,8 @@ class Router:
             await self.kv_watch.stop()
         if self._session:
             await self._session.close()
+        if self.request_log is not None:
+            self.request_log.close()
 
     def _on_worker_change(self, worker: Worker) -> None:
         self.metrics.worker_healthy.labels(worker.pool, worker.name).set(1 if worker.is_healthy else 0)
@@ -239,6 +244,7 @@ class Router:
         path_label = "none"
         tenant: Tenant | None = None
         slo_class: SloClass | None = None  # known once the prompt is counted
+        ctx: RequestContext | None = None  # once routed
         outcome = "ok"
         finish = self._begin_request()
         try:
@@ -307,6 +313,7 @@ class Router:
             self.metrics.requests.labels(path_label, outcome).inc()
             if slo_class is not None and (error.status >= 500 or error.status == 429):  # ours, not the input's
                 self.slo.failed(slo_class, path_label)
+            self._log_failure(ctx, path_label, outcome, slo_met=False if error.status >= 500 or error.status == 429 else None)
             if error.status >= 500:
                 log.warning("request %s: %s %s", request_id, error.status, error.message)
             return error.response(headers)
@@ -314,6 +321,7 @@ class Router:
             outcome = "client_gone"
             self.metrics.client_disconnects.labels(path_label).inc()
             self.metrics.requests.labels(path_label, "client_gone").inc()
+            self._log_failure(ctx, path_label, outcome, slo_met=None)
             return Response(status_code=499)
         except Exception:  # a bug of ours: still an OpenAI-style error, and logged with the id
             outcome = "500"
@@ -321,6 +329,7 @@ class Router:
             self.metrics.requests.labels(path_label, "500").inc()
             if slo_class is not None:
                 self.slo.failed(slo_class, path_label)
+            self._log_failure(ctx, path_label, outcome, slo_met=False)
             return ApiError(500, "Internal router error; see the router log for request " + request_id, type="api_error").response(headers)
         finally:
             finish()
@@ -386,6 +395,33 @@ class Router:
     def _slo_of(self, ctx: RequestContext) -> tuple[SloJudge, SloClass]:
         return self.slo, self.slo.classify(ctx.num_prompt_tokens)
 
+    def _log_line(self, ctx: RequestContext, path: str, workers: str | None) -> dict[str, Any]:
+        """What the request log says of a request before its outcome (requestlog.py)."""
+        line = {
+            "time": round(time.time() - (time.monotonic() - ctx.started_at), 3), "request_id": ctx.request_id,
+            "tenant": ctx.tenant, "api": "chat" if ctx.endpoint.endswith("chat/completions") else "completions",
+            "prompt_tokens": ctx.num_prompt_tokens, "path": path, "reason": ctx.decision.reason.value, "workers": workers,
+            "class": self.slo.classify(ctx.num_prompt_tokens).name,
+        }
+        if self.settings.spec.requestLog.includePrompts:
+            line["prompt"] = ctx.body.get("messages", ctx.body.get("prompt"))
+        return line
+
+    def _log_failure(self, ctx: RequestContext | None, path: str, outcome: str, slo_met: bool | None) -> None:
+        """A routed request that ended without its stream's own account (refused, failed, or left)."""
+        if self.request_log is None or ctx is None:
+            return
+        self.request_log.write({**self._log_line(ctx, path, None), "output_tokens": None, "cached_tokens": None,
+                                "ttft_s": None, "tpot_s": None, "e2e_s": round(time.monotonic() - ctx.started_at, 4),
+                                "slo_met": slo_met, "outcome": outcome})
+
+    def _log_end(self, ctx: RequestContext, stream: UpstreamStream) -> Callable[[dict[str, Any]], None] | None:
+        request_log = self.request_log
+        if request_log is None:
+            return None
+        line = self._log_line(ctx, stream.path_label, stream.served_by)
+        return lambda end: request_log.write({**line, **end})
+
     def _output_meter(self, ctx: RequestContext) -> Callable[[int], None] | None:
         """What counts a tenant's generated tokens (its metric and its output bucket)."""
         tenant = self.tenants.tenants.get(ctx.tenant) if ctx.tenant else None
@@ -450,7 +486,8 @@ class Router:
 
     async def _relay(self, ctx: RequestContext, continued: ContinuedStream, want_usage: bool) -> AsyncIterator[bytes]:
         stream = continued.stream
-        timer = TokenTimer(self.metrics, stream.path_label, ctx.started_at, self._output_meter(ctx), self._slo_of(ctx))
+        timer = TokenTimer(self.metrics, stream.path_label, ctx.started_at, self._output_meter(ctx), self._slo_of(ctx),
+                           self._log_end(ctx, stream))
         outcome = "ok"
         try:
             async for raw, chunk in continued.events():
@@ -478,7 +515,7 @@ class Router:
 
     async def _aggregate(self, ctx: RequestContext, continued: ContinuedStream, is_chat: bool) -> dict[str, Any]:
         timer = TokenTimer(self.metrics, continued.stream.path_label, ctx.started_at, self._output_meter(ctx),
-                           self._slo_of(ctx))
+                           self._slo_of(ctx), self._log_end(ctx, continued.stream))
         aggregator = StreamAggregator(is_chat)
         outcome = "worker_error"
         try:

@@ -75,8 +75,10 @@ class TokenTimer:
     it by its SLO class (slo.py) when it ends."""
 
     def __init__(self, metrics: RouterMetrics, path: str, started_at: float,
-                 on_output: Callable[[int], None] | None = None, slo: tuple[SloJudge, SloClass] | None = None):
+                 on_output: Callable[[int], None] | None = None, slo: tuple[SloJudge, SloClass] | None = None,
+                 on_end: Callable[[dict[str, Any]], None] | None = None):
         self._on_output = on_output  # the tenant's metering of generated tokens
+        self._on_end = on_end  # the request log's line, given what was measured
         self._metrics = metrics
         self._path = path
         self._slo = slo
@@ -85,10 +87,15 @@ class TokenTimer:
         self._first_token_at: float | None = None
         self._last_token_at: float | None = None
         self._num_output_tokens: int | None = None
+        self._num_cached_tokens: int | None = None
 
     def observe(self, chunk: dict[str, Any]) -> None:
-        if chunk.get("usage"):
-            self._num_output_tokens = chunk["usage"].get("completion_tokens")
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            self._num_output_tokens = usage.get("completion_tokens")
+            details = usage.get("prompt_tokens_details")
+            if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+                self._num_cached_tokens = details["cached_tokens"]
         # A request whose first token is EOS streams only a finish chunk: that is its first token.
         is_first_finish = self._last_token_at is None and has_finish(chunk)
         if not num_content_tokens(chunk) and not is_first_finish:
@@ -101,18 +108,25 @@ class TokenTimer:
             self._metrics.itl.labels(self._path, self._class).observe(now - self._last_token_at)
         self._last_token_at = now
 
-    def judge(self, outcome: str) -> None:
-        """Count the request against its SLO: an ``ok`` one by its timings, a failed one as missed
-        (a client that went away is not judged)."""
-        if self._slo is None or outcome == "client_gone":
-            return
-        judge, cls = self._slo
+    def timings(self) -> tuple[float | None, float | None]:
+        """(TTFT, TPOT) so far; None where the stream never got there."""
         first, last = self._first_token_at, self._last_token_at
-        if outcome != "ok" or first is None or last is None:
-            judge.failed(cls, self._path)
-            return
+        if first is None or last is None:
+            return None, None
         n = self._num_output_tokens or 1
-        judge.judge(cls, self._path, first - self._started_at, (last - first) / (n - 1) if n > 1 else 0.0)
+        return first - self._started_at, (last - first) / (n - 1) if n > 1 else 0.0
+
+    def judge(self, outcome: str) -> bool | None:
+        """Count the request against its SLO: an ``ok`` one by its timings, a failed one as missed
+        (a client that went away is not judged: None). Returns whether it met both targets."""
+        if self._slo is None or outcome == "client_gone":
+            return None
+        judge, cls = self._slo
+        ttft_s, tpot_s = self.timings()
+        if outcome != "ok" or ttft_s is None:
+            judge.failed(cls, self._path)
+            return False
+        return all(judge.judge(cls, self._path, ttft_s, tpot_s))
 
     def finish(self, outcome: str, count_request: bool = True) -> None:
         if self._num_output_tokens:
@@ -122,7 +136,16 @@ class TokenTimer:
         self._metrics.e2e.labels(self._path).observe(time.monotonic() - self._started_at)
         if count_request:
             self._metrics.requests.labels(self._path, outcome).inc()
-            self.judge(outcome)
+            met = self.judge(outcome)
+            if self._on_end is not None:
+                ttft_s, tpot_s = self.timings()
+                self._on_end({"output_tokens": self._num_output_tokens, "cached_tokens": self._num_cached_tokens,
+                              "ttft_s": _rounded(ttft_s), "tpot_s": _rounded(tpot_s),
+                              "e2e_s": _rounded(time.monotonic() - self._started_at), "slo_met": met, "outcome": outcome})
+
+
+def _rounded(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 4)
 
 
 async def until_disconnect(request: Request, coro: Any) -> Any:

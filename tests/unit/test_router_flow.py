@@ -566,3 +566,17 @@ async def test_kv_transfers_the_engine_measured_are_re_exported(make_router):
     assert metric(text, "dpd_kv_transfer_seconds_total" + where) == pytest.approx(0.6)
     assert metric(text, "dpd_kv_transfer_bytes_total" + where) == 6144
     assert metric(text, "dpd_kv_transfer_failures_total") == 0
+
+
+async def test_the_request_log_says_what_each_request_got(make_router, tmp_path):
+    path = tmp_path / "requests.jsonl"
+    client = await make_router(ScriptedWorker(), ScriptedWorker(), threshold=3, requestLog={"path": str(path)})
+    assert (await client.post("/v1/completions", json={**BODY, "prompt": "a b"})).status_code == 200  # direct
+    assert (await client.post("/v1/completions", json=BODY)).status_code == 200  # 4 tokens: split
+    assert (await client.post("/v1/completions", json={**BODY, "max_tokens": -1})).status_code == 400  # not logged
+    await client.router.stop()  # closes the log
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    assert [(x["prompt_tokens"], x["path"], x["output_tokens"], x["outcome"]) for x in lines] == [
+        (2, "direct", 3, "ok"), (4, "disaggregated", 3, "ok")]
+    assert lines[1]["workers"] == "prefill-0>decode-0" and lines[1]["class"] == "chat" and lines[1]["slo_met"] is True
+    assert all(x["ttft_s"] >= 0 and x["e2e_s"] >= x["ttft_s"] and "prompt" not in x for x in lines)
