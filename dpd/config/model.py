@@ -191,6 +191,19 @@ class RequestLogSpec(_Frozen):
     maxMegabytes: int = Field(default=100, ge=1, description="Past this size the log is rotated once (LOG -> LOG.1).")
 
 
+class TracingSpec(_Frozen):
+    """OpenTelemetry traces of each request across the router and its workers (router/tracing.py)."""
+
+    otlpEndpoint: str | None = Field(
+        default=None, pattern=r"^https?://", description="OTLP/HTTP traces URL of a collector (e.g. "
+        "`http://otel-collector:4318/v1/traces`); the router and every worker export spans there. Unset = off (no cost)."
+    )
+    sampleRatio: float = Field(
+        default=1.0, ge=0, le=1, description="Share of requests traced when the client sent no `traceparent` (one "
+        "that did keeps its own sampling decision)."
+    )
+
+
 class PrefixAwareSpec(_Frozen):
     """Prefix-cache-aware routing (``dpd/router/prefix.py``): requests go where their prompt's
     leading KV blocks are cached, and the P/D decision counts only the uncached tokens."""
@@ -330,6 +343,7 @@ class RouterSpec(_Frozen):
     migration: MigrationSpec = Field(default_factory=MigrationSpec)
     slo: SloSpec = Field(default_factory=SloSpec)
     requestLog: RequestLogSpec = Field(default_factory=RequestLogSpec)
+    tracing: TracingSpec = Field(default_factory=TracingSpec)
     adaptive: AdaptiveSpec = Field(default_factory=AdaptiveSpec)
     prefixAware: PrefixAwareSpec = Field(default_factory=PrefixAwareSpec)
     drainTimeoutS: float = Field(

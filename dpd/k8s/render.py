@@ -37,7 +37,7 @@ from dpd.k8s.workers import (
     pod_template,
     worker_key_env,
 )
-from dpd.launch.plan import pool_is_gpu
+from dpd.launch.plan import pool_is_gpu, tracing_port
 from dpd.router.app import WORKER_KEY_ENV
 
 DPD_IMAGE = "dpd:0.1.0"
@@ -340,6 +340,8 @@ def _network_policies(config: InferenceEndpointConfig, n: dict[str, str]) -> lis
     ]
     if config.spec.modelSourceConfig.modelSourceType in ("hub", "huggingface", "s3"):
         egress.append({"ports": [{"port": 443, "protocol": "TCP"}]})
+    if (collector_port := tracing_port(config)) is not None:  # the workers' spans (router.tracing)
+        egress.append({"ports": [{"port": collector_port, "protocol": "TCP"}]})
     router_port = config.spec.pdSpec.router.port
     return [
         {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": _meta(config, n["workers"], "workers"), "spec": {

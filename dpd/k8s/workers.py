@@ -16,7 +16,7 @@ from typing import Any
 from dpd.config.model import InferenceEndpointConfig, PoolSpec
 from dpd.k8s.autoscaling import RenderError
 from dpd.k8s.security import POD_SECURITY, container_security, home_volume
-from dpd.launch.plan import KV_ROLES, pool_is_gpu, vllm_args
+from dpd.launch.plan import KV_ROLES, pool_is_gpu, tracing_env, vllm_args
 from dpd.models.bundled import BUNDLED_DIR_NAME, PREPARATION_VERSION
 
 WORKER_HTTP_PORT = 8000
@@ -170,6 +170,7 @@ def worker_env(config: InferenceEndpointConfig, pool: PoolSpec) -> list[dict[str
         {"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": str(SIDE_CHANNEL_PORT)},
         {"name": "UCX_RCACHE_MAX_UNRELEASED", "value": "1024"},
+        *({"name": k, "value": v} for k, v in sorted(tracing_env(config).items())),
     ]
     if not pool_is_gpu(config, pool):
         env.append({"name": "VLLM_CPU_KVCACHE_SPACE", "value": f"{pool.kvCacheGiB:g}"})

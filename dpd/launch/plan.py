@@ -27,6 +27,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
 from dpd.config.model import GPU_RESOURCE, InferenceEndpointConfig, PoolSpec
 
@@ -253,6 +254,23 @@ def worker_kv_config(config: InferenceEndpointConfig, kv_role: str | None, is_gp
             "kv_connector_extra_config": {"connectors": [nixl, offload]}}
 
 
+def tracing_env(config: InferenceEndpointConfig) -> dict[str, str]:
+    """A worker's environment for vLLM's tracing when ``router.tracing`` is on: OTLP over HTTP
+    (vLLM's default is gRPC; the collector URL is an OTLP/HTTP one)."""
+    if config.spec.pdSpec.router.tracing.otlpEndpoint is None:
+        return {}
+    return {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf", "OTEL_SERVICE_NAME": "dpd-worker"}
+
+
+def tracing_port(config: InferenceEndpointConfig) -> int | None:
+    """The collector's port, for the workers' egress policy; None when tracing is off."""
+    endpoint = config.spec.pdSpec.router.tracing.otlpEndpoint
+    if endpoint is None:
+        return None
+    parsed = urlsplit(endpoint)
+    return parsed.port or (443 if parsed.scheme == "https" else 80)
+
+
 def vllm_args(config: InferenceEndpointConfig, pool: PoolSpec, *, model: str, host: str, port: int,
               kv_role: str | None, is_gpu: bool = False) -> list[str]:
     """The vLLM server arguments of one worker, before the pool's own ``args`` — the one
@@ -276,6 +294,8 @@ def vllm_args(config: InferenceEndpointConfig, pool: PoolSpec, *, model: str, ho
         args += ["--revision", source.revision]
     if (kv_config := worker_kv_config(config, kv_role, is_gpu)) is not None:
         args += ["--kv-transfer-config", json.dumps(kv_config, separators=(",", ":"), sort_keys=True)]
+    if (collector := spec.pdSpec.router.tracing.otlpEndpoint) is not None:
+        args += ["--otlp-traces-endpoint", collector]  # the router's traceparent makes its spans children of the hop's
     return args
 
 
@@ -368,6 +388,7 @@ def plan_workers(
             env = {
                 **(_nixl_env(config, is_gpu) if kv_role is not None else {}),
                 **device_env,
+                **tracing_env(config),
                 "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
                 "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side_port),
                 **pool.env,

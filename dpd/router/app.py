@@ -66,6 +66,7 @@ from dpd.router.slo import SloClass, SloJudge
 from dpd.router.streaming import ClientGone, RelayResponse, TokenTimer, noop, read_body, until_disconnect
 from dpd.router.tenants import Tenant, TenantRegistry
 from dpd.router.tokens import TokenCounter, Tokenizer, load_tokenizer
+from dpd.router.tracing import NO_HOP, Tracing
 
 log = logging.getLogger(__name__)
 # The environment variable that hands the router (dpd serve, the cluster router) the workers' API key.
@@ -114,6 +115,7 @@ class Router:
         self.settings = settings
         self.metrics = RouterMetrics()
         self.slo = SloJudge(settings.spec.slo, self.metrics)
+        self.tracing = Tracing(settings.spec.tracing)
         log_spec = settings.spec.requestLog
         self.request_log = RequestLog(log_spec.path, log_spec.maxMegabytes << 20) if log_spec.path else None
         spec = settings.spec
@@ -200,6 +202,7 @@ class Router:
             await self._session.close()
         if self.request_log is not None:
             self.request_log.close()
+        self.tracing.shutdown()
 
     def _on_worker_change(self, worker: Worker) -> None:
         self.metrics.worker_healthy.labels(worker.pool, worker.name).set(1 if worker.is_healthy else 0)
@@ -246,7 +249,15 @@ class Router:
         slo_class: SloClass | None = None  # known once the prompt is counted
         ctx: RequestContext | None = None  # once routed
         outcome = "ok"
-        finish = self._begin_request()
+        trace = self.tracing.begin(request.headers, request_id)
+        stream_hop = NO_HOP
+
+        def end_trace() -> None:
+            stream_hop.end()
+            trace.set(**{"dpd.outcome": outcome})
+            trace.end()
+
+        finish = _both(self._begin_request(), end_trace)
         try:
             if self.is_shutting_down:
                 raise ApiError(503, "The endpoint is shutting down; retry on another replica or shortly.",
@@ -262,9 +273,10 @@ class Router:
             received_at = time.monotonic()  # TTFT counts from here: tokenizing, deciding and queueing included
             body, parsed = parse_body(raw, kind)
             self._check_model(parsed.model)
-            token_ids = await self._tokenizer_call(
-                self.counter.token_ids, parsed, what="tokenize the prompt",
-                param="messages" if isinstance(parsed, ChatCompletionRequest) else "prompt")
+            with trace.span("tokenize"):
+                token_ids = await self._tokenizer_call(
+                    self.counter.token_ids, parsed, what="tokenize the prompt",
+                    param="messages" if isinstance(parsed, ChatCompletionRequest) else "prompt")
             num_prompt_tokens = len(token_ids)
             slo_class = self.slo.classify(num_prompt_tokens)
             max_tokens = requested_max_tokens(parsed)
@@ -277,13 +289,19 @@ class Router:
                 body = {**body, "cache_salt": cache_salt}
             index = self.routing.prefix_index if self.routing.prefix_active else None
             prefix_hashes = index.hashes(token_ids, cache_salt) if index is not None else None
-            decision = self.routing.decide(num_prompt_tokens, max_tokens, self.prefill, self.decode, tenant_name,
-                                           prefix_hashes)
+            with trace.span("decide") as hop:
+                decision = self.routing.decide(num_prompt_tokens, max_tokens, self.prefill, self.decode, tenant_name,
+                                               prefix_hashes)
+                hop.end(**{"dpd.path": decision.path.value, "dpd.reason": decision.reason.value})
+            trace.set(**{"dpd.prompt_tokens": num_prompt_tokens, "dpd.tenant": tenant_name, "dpd.class": slo_class.name,
+                         "dpd.reason": decision.reason.value})
             self.metrics.decisions.labels(decision.path.value, decision.reason.value).inc()
             ctx = RequestContext(request_id, endpoint, body, decision, num_prompt_tokens, tenant=tenant_name,
-                                 max_output_tokens=max_tokens, started_at=received_at)
+                                 max_output_tokens=max_tokens, started_at=received_at, trace=trace)
             assert self.flow is not None
             stream = await until_disconnect(request, self.flow.open(ctx))
+            stream_hop = trace.start("stream", **{"dpd.workers": stream.served_by})
+            trace.set(**{"dpd.path": stream.path_label, "dpd.workers": stream.served_by})
             path_label = stream.path_label
             headers["x-dpd-path"] = path_label
             headers["x-dpd-reason"] = decision.reason.value

@@ -33,6 +33,7 @@ import asyncio
 import json
 import logging
 import random
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -50,6 +51,7 @@ from dpd.router.metrics import RouterMetrics
 from dpd.router.outcomes import HopOutcome, tell_pool_breaker
 from dpd.router.pick import Picker
 from dpd.router.pools import Pool, Worker
+from dpd.router.tracing import NO_TRACE, RequestTrace
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +73,7 @@ class RequestContext:
     tenant: str | None = None
     max_output_tokens: int | None = None  # the request's cap (max_tokens / max_completion_tokens), if it set one
     started_at: float = field(default_factory=time.monotonic)
+    trace: RequestTrace = NO_TRACE  # its spans (tracing.py); off by default
 
     @property
     def path(self) -> Path:
@@ -245,15 +248,18 @@ class PdFlow:
                 return stream
             self._metrics.fallbacks.labels(reason.value).inc()
             log.warning("request %s: falling back to the direct path (%s)", ctx.request_id, reason.value)
-            stream = await self._admitted_to_decode(self._direct(ctx, FALLBACK), ctx.tenant)
+            stream = await self._admitted_to_decode(self._direct(ctx, FALLBACK), ctx.tenant, ctx.trace)
             stream.fallback_reason = reason.value
             return stream
-        return await self._admitted_to_decode(self._direct(ctx, Path.DIRECT.value, first=ctx.decision.decode), ctx.tenant)
+        return await self._admitted_to_decode(self._direct(ctx, Path.DIRECT.value, first=ctx.decision.decode), ctx.tenant,
+                                              ctx.trace)
 
-    async def _admitted_to_decode(self, hop: Awaitable[UpstreamStream], tenant: str | None) -> UpstreamStream:
+    async def _admitted_to_decode(self, hop: Awaitable[UpstreamStream], tenant: str | None,
+                                  trace: RequestTrace = NO_TRACE) -> UpstreamStream:
         """Run a decode hop holding a decode admission slot; the stream releases it on close."""
         try:
-            release = await admit(self._decode_gate, "decode", self._metrics, tenant=tenant)
+            with trace.span("admission_wait", **{"dpd.pool": "decode"}):
+                release = await admit(self._decode_gate, "decode", self._metrics, tenant=tenant)
         except BaseException:
             if asyncio.iscoroutine(hop):
                 hop.close()  # never awaited
@@ -273,7 +279,8 @@ class PdFlow:
             return None, HopOutcome.PREFILL_BREAKER_OPEN
         reason = HopOutcome.CANCELLED
         try:
-            release = await admit(self._prefill_gate, "prefill", self._metrics, tenant=ctx.tenant)
+            with ctx.trace.span("admission_wait", **{"dpd.pool": "prefill"}):
+                release = await admit(self._prefill_gate, "prefill", self._metrics, tenant=ctx.tenant)
             try:
                 worker = self._take(self._prefill, ctx.decision.prefill, ctx.tenant)
                 if worker is None:
@@ -331,6 +338,16 @@ class PdFlow:
             worker.load.end_prefill(ticket, is_ok=kv_params is not None)
 
     async def _prefill_hop_once(self, ctx: RequestContext, worker: Worker) -> tuple[dict[str, Any] | None, HopOutcome]:
+        hop = ctx.trace.start("prefill_hop", client=True, **{"dpd.worker": worker.name})
+        outcome: HopOutcome | None = None
+        try:
+            _, outcome = result = await self._prefill_hop_request(ctx, worker, hop.headers)
+            return result
+        finally:
+            hop.end(sys.exc_info()[1], **{"dpd.hop_outcome": outcome.value if outcome else None})
+
+    async def _prefill_hop_request(self, ctx: RequestContext, worker: Worker,
+                                   trace_headers: dict[str, str]) -> tuple[dict[str, Any] | None, HopOutcome]:
         breaker = worker.breaker
         started = time.monotonic()
         timeout = aiohttp.ClientTimeout(total=self._spec.prefillTimeoutS)
@@ -338,7 +355,7 @@ class PdFlow:
             async with self._session.post(
                 worker.url + ctx.endpoint,
                 json=prefill_body(ctx.body),
-                headers={"X-Request-Id": ctx.request_id},
+                headers={"X-Request-Id": ctx.request_id, **trace_headers},
                 timeout=timeout,
             ) as resp:
                 if resp.status != 200:
@@ -381,8 +398,9 @@ class PdFlow:
         # The prefilled KV is held for kvLeaseDurationS: a decode hop queued past half of it could
         # find it expired and recompute the prompt while counting as disaggregated, so it waits
         # for a decode slot no longer (a 429 instead).
-        release = await admit(self._decode_gate, "decode", self._metrics, max_wait_s=self._kv_lease_duration_s / 2,
-                              tenant=ctx.tenant)
+        with ctx.trace.span("admission_wait", **{"dpd.pool": "decode"}):
+            release = await admit(self._decode_gate, "decode", self._metrics, max_wait_s=self._kv_lease_duration_s / 2,
+                                  tenant=ctx.tenant)
         try:
             worker = self._take(self._decode, ctx.decision.decode, ctx.tenant)
             if worker is None:
@@ -481,12 +499,13 @@ class PdFlow:
         is_whole = "kv_transfer_params" not in body  # the worker prefills too
         expected_tokens = ctx.max_output_tokens or (round(self._endpoint_load.output_tokens.value) if self._endpoint_load else 16)
         ticket = worker.load.begin_prefill(ctx.num_prompt_tokens, expected_tokens) if is_whole else None
+        hop = ctx.trace.start("whole_hop" if is_whole else "decode_hop", client=True, **{"dpd.worker": worker.name})
         try:
             async with asyncio.timeout(first_token_timeout_s):
                 resp = await self._session.post(
                     worker.url + ctx.endpoint,
                     json=body,
-                    headers={"X-Request-Id": ctx.request_id},
+                    headers={"X-Request-Id": ctx.request_id, **hop.headers},
                     # sock_read bounds the silence between chunks once the stream flows, so a
                     # frozen worker ends the request with an error instead of hanging it.
                     timeout=aiohttp.ClientTimeout(total=None, sock_connect=5, sock_read=self._spec.streamIdleTimeoutS),
@@ -524,6 +543,7 @@ class PdFlow:
         finally:
             if ticket is not None:
                 worker.load.end_prefill(ticket, is_ok=False)  # a no-op once it succeeded
+            hop.end(sys.exc_info()[1])  # at the first token, or at the failure
         worker.breaker.record_success()
         first_token_s = time.monotonic() - started
         self._metrics.decode_hop_first_token.labels(path_label).observe(first_token_s)

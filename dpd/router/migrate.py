@@ -269,7 +269,8 @@ class ContinuedStream:
         body = continuation_body(self._ctx.body, self._ctx.endpoint, self._prompt_ids, self._generated_ids,
                                  self._max_model_len)
         ctx = RequestContext(self._ctx.request_id, COMPLETIONS, body, self._ctx.decision, len(body["prompt"]),
-                             tenant=self._ctx.tenant, max_output_tokens=body["max_tokens"], started_at=self._ctx.started_at)
+                             tenant=self._ctx.tenant, max_output_tokens=body["max_tokens"], started_at=self._ctx.started_at,
+                             trace=self._ctx.trace)
         release, failed.on_close = failed.on_close, None  # the admission slot moves with the request
         failed.close()
         attempt = len(self.migrations)

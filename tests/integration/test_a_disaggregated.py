@@ -30,6 +30,7 @@ import requests
 
 from dpd.launch.child import ServeProcess, write_config
 from tests.integration.helpers import GREEDY_RECORD, scrape, wait_healthy
+from tests.otlp_receiver import OtlpReceiver
 
 pytestmark = pytest.mark.integration
 
@@ -43,12 +44,20 @@ WORKER_ARGS = ("--dtype", "float32")
 
 
 @pytest.fixture(scope="module")
-def endpoint(tmp_path_factory, model_dir):
+def otlp():
+    """The collector the endpoint's router and workers export their spans to (router.tracing)."""
+    with OtlpReceiver() as receiver:
+        yield receiver
+
+
+@pytest.fixture(scope="module")
+def endpoint(tmp_path_factory, model_dir, otlp):
     tmp = tmp_path_factory.mktemp("disagg")
     config = write_config(
         tmp / "endpoint.yaml", router_port=ROUTER_PORT, worker_base_port=18100, side_channel_base_port=15600,
         routingThreshold=1024, routingPolicy="threshold", worker_args=WORKER_ARGS,
-        router={"admission": {"decode": {"maxInFlight": 4, "maxQueue": 16, "queueTimeoutS": 10}}},
+        router={"admission": {"decode": {"maxInFlight": 4, "maxQueue": 16, "queueTimeoutS": 10}},
+                "tracing": {"otlpEndpoint": otlp.url}},
     )
     serve = ServeProcess(config, log_path=tmp / "serve.log")
     try:
@@ -61,6 +70,32 @@ def endpoint(tmp_path_factory, model_dir):
 @pytest.fixture(scope="module")
 def client(endpoint):
     return openai.OpenAI(base_url=endpoint.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+def test_one_disaggregated_request_is_one_trace_through_router_and_both_workers(endpoint, otlp, make_prompt):
+    """Issue 15: the client's traceparent is continued by the router's spans, and each worker's
+    own vLLM span (started with --otlp-traces-endpoint) is a child of the router's hop span."""
+    trace_id = os.urandom(16).hex()
+    resp = requests.post(endpoint.url + "/v1/completions", timeout=300,
+                         headers={"traceparent": f"00-{trace_id}-{os.urandom(8).hex()}-01"},
+                         json={"model": MODEL, "prompt": make_prompt(1500, seed=77), "max_tokens": 4, "temperature": 0})
+    assert resp.status_code == 200 and resp.headers["x-dpd-path"] == "disaggregated", resp.text
+    deadline = time.monotonic() + 30  # the exporters batch for ~5 s
+    while True:
+        spans = otlp.trace(trace_id)
+        services = {s.service for s in spans}
+        hops = {s.name: s for s in spans if s.service == "dpd-router"}
+        workers = [s for s in spans if s.service != "dpd-router"]
+        hop_ids = {hops[name].span_id for name in ("prefill_hop", "decode_hop") if name in hops}
+        if "stream" in hops and len(hop_ids) == 2 and hop_ids <= {s.parent_id for s in workers}:
+            break
+        assert time.monotonic() < deadline, (services, spans)
+        time.sleep(0.5)
+    assert {"dpd.request", "tokenize", "decide", "prefill_hop", "decode_hop", "stream"} <= set(hops)
+    by_parent = {s.parent_id: s for s in workers}
+    prefill_span, decode_span = by_parent[hops["prefill_hop"].span_id], by_parent[hops["decode_hop"].span_id]
+    print(f"\n[trace {trace_id[:8]}] router spans {sorted(hops)}; worker spans {prefill_span.name} (prefill), "
+          f"{decode_span.name} (decode), services {sorted(services)}")
 
 
 def test_openai_client_chat_and_models(client):

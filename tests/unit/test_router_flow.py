@@ -57,6 +57,7 @@ class ScriptedWorker:
         self.token_delay_s = token_delay_s
         self.bodies: list[dict] = []
         self.authorizations: list[str | None] = []
+        self.traceparents: list[str | None] = []
         self.metrics_text = ""  # what GET /metrics answers (vLLM's exposition format)
         app = web.Application()
         app.router.add_get("/health", self.health)
@@ -78,6 +79,7 @@ class ScriptedWorker:
         body = await request.json()
         self.bodies.append(body)
         self.authorizations.append(request.headers.get("Authorization"))
+        self.traceparents.append(request.headers.get("traceparent"))
         kv = body.get("kv_transfer_params") or {}
         if kv.get("do_remote_decode"):
             await asyncio.sleep(self.prefill_delay_s)
@@ -580,3 +582,34 @@ async def test_the_request_log_says_what_each_request_got(make_router, tmp_path)
         (2, "direct", 3, "ok"), (4, "disaggregated", 3, "ok")]
     assert lines[1]["workers"] == "prefill-0>decode-0" and lines[1]["class"] == "chat" and lines[1]["slo_met"] is True
     assert all(x["ttft_s"] >= 0 and x["e2e_s"] >= x["ttft_s"] and "prompt" not in x for x in lines)
+
+
+async def test_a_disaggregated_request_is_one_trace_across_the_hops(make_router):
+    """Issue 15: with router.tracing on, the router's spans form one trace that continues the
+    client's traceparent, and each hop hands its own span to its worker (vLLM continues it)."""
+    from tests.otlp_receiver import OtlpReceiver
+
+    with OtlpReceiver() as receiver:
+        prefill, decode = ScriptedWorker(), ScriptedWorker()
+        client = await make_router(prefill, decode, threshold=0, tracing={"otlpEndpoint": receiver.url})
+        trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+        resp = await client.post("/v1/completions", json=BODY, headers={"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"})
+        assert resp.status_code == 200 and resp.headers["x-dpd-path"] == "disaggregated"
+        await client.router.stop()  # flushes the batched spans
+        spans = {s.name: s for s in receiver.trace(trace_id)}
+    assert {"dpd.request", "tokenize", "decide", "admission_wait", "prefill_hop", "decode_hop", "stream"} <= set(spans)
+    root = spans["dpd.request"]
+    assert root.parent_id == "00f067aa0ba902b7" and root.service == "dpd-router"
+    assert all(s.parent_id == root.span_id for name, s in spans.items() if name != "dpd.request")
+    # The workers got the hop's span as their parent: their spans join this trace.
+    assert len(prefill.bodies) == len(decode.bodies) == 1
+    assert prefill.traceparents == [f"00-{trace_id}-{spans['prefill_hop'].span_id}-01"]
+    assert decode.traceparents == [f"00-{trace_id}-{spans['decode_hop'].span_id}-01"]
+
+
+async def test_tracing_off_sends_no_trace_headers(make_router):
+    decode = ScriptedWorker()
+    client = await make_router(None, decode)
+    client_trace = {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}
+    assert (await client.post("/v1/completions", json=BODY, headers=client_trace)).status_code == 200
+    assert client.router.tracing.is_on is False and decode.traceparents == [None]

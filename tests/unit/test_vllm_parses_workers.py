@@ -132,3 +132,26 @@ def test_a_bad_pool_arg_is_caught_by_the_parser(vllm_parse):
 def test_examples_render_as_yaml():
     for path in GPU_EXAMPLES:
         assert yaml.safe_dump_all(render(yaml.safe_load(Path(path).read_text())))
+
+
+def test_tracing_reaches_every_worker_vllm_accepts_it(vllm_parse, tmp_path):
+    """Issue 15: router.tracing on → every worker, planned or rendered, exports to the same
+    collector over OTLP/HTTP, and the workers' egress policy lets it."""
+    document = yaml.safe_load(Path("examples/gpu-8x.yaml").read_text())
+    collector = "http://otel-collector.monitoring:4318/v1/traces"
+    document["spec"]["pdSpec"].setdefault("router", {})["tracing"] = {"otlpEndpoint": collector}
+    path = tmp_path / "traced.yaml"
+    path.write_text(yaml.safe_dump(document))
+    _, plans = planned(str(path))
+    for plan in plans:
+        namespace, _ = vllm_parse(plan.command[3:])
+        assert namespace.otlp_traces_endpoint == collector
+        assert dict(plan.env)["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] == "http/protobuf"
+    docs = [d for d in render(document) if d]
+    for worker in rendered_workers(str(path)):
+        container = worker["spec"]["template"]["spec"]["containers"][0]
+        namespace, _ = vllm_parse(container["args"])
+        assert namespace.otlp_traces_endpoint == collector
+        assert {"name": "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "value": "http/protobuf"} in container["env"]
+    policy = next(d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"].endswith("workers"))
+    assert {"ports": [{"port": 4318, "protocol": "TCP"}]} in policy["spec"]["egress"]
