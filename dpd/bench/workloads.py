@@ -172,6 +172,8 @@ def load_request_log(path: str | Path) -> tuple[list[TraceRequest], int]:
                 continue
             try:
                 entry = json.loads(line)
+                if entry.get("shadow"):  # a mirror's line (router.shadow), not a request served
+                    continue
                 if entry.get("outcome") != "ok" or not entry.get("output_tokens"):
                     skipped += 1
                     continue

@@ -204,6 +204,24 @@ class TracingSpec(_Frozen):
     )
 
 
+class ShadowSpec(_Frozen):
+    """Mirror a share of requests to another endpoint and record its latency (router/shadow.py)."""
+
+    url: str | None = Field(
+        default=None, pattern=r"^https?://", description="Base URL of an OpenAI-compatible endpoint (e.g. the "
+        "colocated deployment's router); unset = no shadow traffic."
+    )
+    share: float = Field(default=0.1, ge=0, le=1, description="Share of the eligible requests mirrored, at random.")
+    minPromptTokens: int = Field(default=0, ge=0, description="Only prompts at least this long are mirrored.")
+    maxConcurrent: int = Field(default=4, ge=1, description="Mirrors open at once; past it a mirror is dropped.")
+    timeoutS: float = Field(default=300.0, gt=0, description="A mirror is abandoned after this long.")
+    model: str | None = Field(default=None, description="The model name to ask the target for (default: the request's).")
+    apiKeyEnv: str | None = Field(
+        default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="Environment variable holding the target's API "
+        "key (sent as a bearer token; the workers' key never is)."
+    )
+
+
 class PrefixAwareSpec(_Frozen):
     """Prefix-cache-aware routing (``dpd/router/prefix.py``): requests go where their prompt's
     leading KV blocks are cached, and the P/D decision counts only the uncached tokens."""
@@ -344,6 +362,7 @@ class RouterSpec(_Frozen):
     slo: SloSpec = Field(default_factory=SloSpec)
     requestLog: RequestLogSpec = Field(default_factory=RequestLogSpec)
     tracing: TracingSpec = Field(default_factory=TracingSpec)
+    shadow: ShadowSpec = Field(default_factory=ShadowSpec)
     adaptive: AdaptiveSpec = Field(default_factory=AdaptiveSpec)
     prefixAware: PrefixAwareSpec = Field(default_factory=PrefixAwareSpec)
     drainTimeoutS: float = Field(

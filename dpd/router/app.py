@@ -62,6 +62,7 @@ from dpd.router.protocol import (
 )
 from dpd.router.requestlog import RequestLog
 from dpd.router.routing import RoutingPolicy, priors_from
+from dpd.router.shadow import Shadow
 from dpd.router.slo import SloClass, SloJudge
 from dpd.router.streaming import ClientGone, RelayResponse, TokenTimer, noop, read_body, until_disconnect
 from dpd.router.tenants import Tenant, TenantRegistry
@@ -116,6 +117,7 @@ class Router:
         self.metrics = RouterMetrics()
         self.slo = SloJudge(settings.spec.slo, self.metrics)
         self.tracing = Tracing(settings.spec.tracing)
+        self.shadow = Shadow(settings.spec.shadow, self.metrics) if settings.spec.shadow.url else None
         log_spec = settings.spec.requestLog
         self.request_log = RequestLog(log_spec.path, log_spec.maxMegabytes << 20) if log_spec.path else None
         spec = settings.spec
@@ -200,6 +202,8 @@ class Router:
             await self.kv_watch.stop()
         if self._session:
             await self._session.close()
+        if self.shadow is not None:
+            await self.shadow.stop()
         if self.request_log is not None:
             self.request_log.close()
         self.tracing.shutdown()
@@ -284,6 +288,8 @@ class Router:
             if tenant is not None:
                 self._check_tenant_limits(tenant, num_prompt_tokens)
             tenant_name = tenant.name if tenant else None
+            if self.shadow is not None and self.shadow.wants(num_prompt_tokens):
+                self.shadow.mirror(endpoint, body, slo_class.name, self._log_shadow(request_id, num_prompt_tokens))
             cache_salt = self._cache_salt(tenant_name)
             if cache_salt is not None:
                 body = {**body, "cache_salt": cache_salt}
@@ -432,6 +438,13 @@ class Router:
         self.request_log.write({**self._log_line(ctx, path, None), "output_tokens": None, "cached_tokens": None,
                                 "ttft_s": None, "tpot_s": None, "e2e_s": round(time.monotonic() - ctx.started_at, 4),
                                 "slo_met": slo_met, "outcome": outcome})
+
+    def _log_shadow(self, request_id: str, num_prompt_tokens: int) -> Callable[[dict[str, Any]], None] | None:
+        request_log = self.request_log
+        if request_log is None:
+            return None
+        line = {"time": round(time.time(), 3), "request_id": request_id, "shadow": True, "prompt_tokens": num_prompt_tokens}
+        return lambda end: request_log.write({**line, **end})
 
     def _log_end(self, ctx: RequestContext, stream: UpstreamStream) -> Callable[[dict[str, Any]], None] | None:
         request_log = self.request_log

@@ -141,6 +141,15 @@ class RouterMetrics:
             "failed_pull (recomputed or failed on the decoder), lease_expired, failed_notification.",
             ["pool", "worker", "kind"], registry=r,
         )
+        # Shadow traffic (shadow.py): the other endpoint's latency beside ours.
+        self.shadow_requests = Counter(
+            "dpd_shadow_requests", "Requests mirrored to router.shadow.url, by outcome (ok, error, timeout, dropped, "
+            "cancelled).", ["outcome"], registry=r,
+        )
+        self.shadow_ttft = Histogram("dpd_shadow_ttft_seconds", "The shadow target's time to first token.", ["class"],
+                                     buckets=LATENCY_BUCKETS_S, registry=r)
+        self.shadow_itl = Histogram("dpd_shadow_itl_seconds", "The shadow target's inter-token latency.", ["class"],
+                                    buckets=ITL_BUCKETS_S, registry=r)
         # KV transfers as the engine measured them (vLLM's NIXL histograms' sums and counts, kvwatch.py).
         self.kv_transfers = Counter(
             "dpd_kv_transfers", "KV transfers a worker's engine completed (vllm:nixl_xfer_time_seconds_count).",

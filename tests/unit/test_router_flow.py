@@ -613,3 +613,46 @@ async def test_tracing_off_sends_no_trace_headers(make_router):
     client_trace = {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}
     assert (await client.post("/v1/completions", json=BODY, headers=client_trace)).status_code == 200
     assert client.router.tracing.is_on is False and decode.traceparents == [None]
+
+
+async def test_shadow_traffic_never_delays_or_fails_the_primary(make_router, tmp_path):
+    """Issue 15: mirrors to a slow target, a down one, and past maxConcurrent — every primary
+    request answered at once and without error; each mirror counted by outcome."""
+    slow = ScriptedWorker(token_delay_s=1.5)  # its 3 tokens take 3 s
+    await slow.server.start_server()
+    log = tmp_path / "requests.jsonl"
+    client = await make_router(None, ScriptedWorker(), requestLog={"path": str(log)}, worker_api_key="workers-only",
+                               shadow={"url": slow.url, "share": 1.0, "maxConcurrent": 2, "model": "other"})
+    latencies = []
+    for _ in range(4):
+        started = time.monotonic()
+        assert (await client.post("/v1/completions", json=BODY)).status_code == 200
+        latencies.append(time.monotonic() - started)
+    assert max(latencies) < 1.0, latencies  # the mirrors' 3 s are not ours
+    text = (await client.get("/metrics")).text
+    assert metric(text, 'dpd_shadow_requests_total{outcome="dropped"}') == 2  # two were still open
+    while client.router.shadow.num_in_flight:
+        await asyncio.sleep(0.1)
+    text = (await client.get("/metrics")).text
+    assert metric(text, 'dpd_shadow_requests_total{outcome="ok"}') == 2
+    assert metric(text, 'dpd_shadow_ttft_seconds_count{class="chat"}') == 2
+    assert metric(text, 'dpd_shadow_itl_seconds_count{class="chat"}') == 4
+    assert [b["model"] for b in slow.bodies] == ["other", "other"] and all(b["stream"] for b in slow.bodies)
+    assert slow.authorizations == [None, None]  # the workers' key is never sent to the shadow target
+    await client.router.stop()
+    shadows = [json.loads(x) for x in log.read_text().splitlines() if json.loads(x).get("shadow")]
+    assert len(shadows) == 2 and all(s["outcome"] == "ok" and s["tpot_s"] >= 1.0 for s in shadows)
+    await slow.server.close()
+
+
+async def test_a_shadow_target_that_is_down_costs_nothing(make_router):
+    down = ScriptedWorker()
+    await down.server.start_server()
+    url = down.url
+    await down.server.close()
+    client = await make_router(None, ScriptedWorker(), shadow={"url": url, "share": 1.0})
+    for _ in range(3):
+        assert (await client.post("/v1/completions", json=BODY)).status_code == 200
+    while client.router.shadow.num_in_flight:
+        await asyncio.sleep(0.05)
+    assert metric((await client.get("/metrics")).text, 'dpd_shadow_requests_total{outcome="error"}') == 3
