@@ -36,7 +36,16 @@ from pathlib import Path
 import requests
 
 from dpd.bench.client import replay
-from dpd.bench.stats import RequestRecord, Slo, bootstrap_ci, percentile
+from dpd.bench.stats import (
+    RequestRecord,
+    Slo,
+    bootstrap_ci,
+    fitted_capacity,
+    fitted_capacity_ci,
+    isolated_latencies,
+    percentile,
+    scaled_attainment,
+)
 from dpd.bench.workloads import TraceRequest, load_trace, synthetic
 from dpd.launch.child import ServeProcess, write_config
 
@@ -44,6 +53,7 @@ SCENARIOS = ("colocated", "dpd", "dpd-adaptive")
 TRACE_OFFSET = 2000  # the trace's first minutes are sparser than the rest
 MAX_CLIENT_LAG_S = 0.005
 MIN_REQUESTS_FOR_P99 = 100
+SLO_SCALES = (1.5, 2.0, 3.0, 5.0)  # the SLO scale's multiples of each request's best latency
 WORKER_ARGS = ("--no-enable-prefix-caching",)
 
 
@@ -306,6 +316,17 @@ def _fmt_ratio(r: dict) -> str:
     return f"{r['ratio']:.2f}× [{r['lo']:.2f}, {r['hi']:.2f}]"
 
 
+def _fmt_capacity(point: float, ci: tuple[float, float], met_by_rate: dict[float, list[bool]]) -> str:
+    lo_rate, hi_rate = min(met_by_rate), max(met_by_rate)
+    if point == 0:
+        return f"< {lo_rate:g} req/s"
+    if math.isinf(point):
+        return f"> {hi_rate:g} req/s"
+    lo, hi = ci
+    show = lambda x: f"< {lo_rate:g}" if x == 0 else f"> {hi_rate:g}" if math.isinf(x) else f"{x:.2f}"  # noqa: E731
+    return f"{point:.2f} req/s [{show(lo)}, {show(hi)}]"
+
+
 def report(results: dict) -> str:
     spec = results["spec"]
     slo = Slo(**spec["slo"])
@@ -344,6 +365,20 @@ def report(results: dict) -> str:
                 f"{lag * 1000:.1f}{' ⚠' if lag > MAX_CLIENT_LAG_S else ''} |")
         lines += ["", "Capacity at the SLO (highest ladder rate where it and every lower one reach 90%): "
                   + ", ".join(f"{s} {capacity(a):g} req/s" for s, a in attainments.items())]
+        met_by_rate: dict[str, dict[float, list[bool]]] = {}
+        for (scenario, rate), recs in pooled.items():
+            met_by_rate.setdefault(scenario, {})[rate] = [slo.is_met(r) for r in recs]
+        lines += ["", "Capacity fitted (attainment made non-increasing in rate, linear between rates, where it crosses "
+                  "90%; 95% bootstrap over each rate's requests; > or < the ladder where it does not cross): "
+                  + ", ".join(f"{s} {_fmt_capacity(fitted_capacity(m), fitted_capacity_ci(m), m)}" for s, m in met_by_rate.items())]
+        isolated = isolated_latencies([r for recs in pooled.values() for r in recs])
+        lines += ["", f"SLO scale: requests within k × their own best TTFT and TPOT in this workload's runs (a stand-in for "
+                  f"the isolated latency), k = {', '.join(f'{k:g}' for k in SLO_SCALES)}:", "",
+                  "| scenario | rate (req/s) | " + " | ".join(f"k = {k:g}" for k in SLO_SCALES) + " |",
+                  "|---|---|" + "---|" * len(SLO_SCALES)]
+        for (scenario, rate), recs in sorted(pooled.items(), key=lambda kv: (spec["scenarios"].index(kv[0][0]), kv[0][1])):
+            lines.append(f"| {scenario} | {rate:g} | "
+                         + " | ".join(f"{scaled_attainment(recs, isolated, k):.0%}" for k in SLO_SCALES) + " |")
         for base_name in ("colocated", "dpd"):
             if base_name not in spec["scenarios"] or "dpd-adaptive" not in spec["scenarios"]:
                 continue

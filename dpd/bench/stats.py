@@ -9,6 +9,7 @@ per second of the run.
 
 from __future__ import annotations
 
+import math
 import random
 import re
 from collections.abc import Callable
@@ -107,3 +108,74 @@ def bootstrap_ci(statistic: Callable[[list[int]], float], num_items: int, *, num
         return float("nan"), float("nan")
     tail = (1 - level) / 2
     return percentile(values, tail), percentile(values, 1 - tail)
+
+
+def fitted_capacity(met_by_rate: dict[float, list[bool]], bar: float = 0.9) -> float:
+    """The rate at which attainment falls to ``bar`` on the curve through the measured points:
+    attainment made non-increasing in rate (each point the minimum of it and every lower
+    rate's — more load never helps, so a rise is noise), then linear between neighbouring
+    rates. ``inf`` if even the highest rate meets ``bar`` (capacity is above the ladder), 0 if
+    the lowest misses it (below)."""
+    rates = sorted(r for r in met_by_rate if met_by_rate[r])
+    if not rates:
+        return math.nan
+    curve, floor = [], 1.0
+    for rate in rates:
+        floor = min(floor, sum(met_by_rate[rate]) / len(met_by_rate[rate]))
+        curve.append((rate, floor))
+    if curve[0][1] < bar:
+        return 0.0
+    for (r0, a0), (r1, a1) in zip(curve, curve[1:]):
+        if a1 < bar:
+            return r0 + (r1 - r0) * (a0 - bar) / (a0 - a1)
+    return math.inf
+
+
+def fitted_capacity_ci(met_by_rate: dict[float, list[bool]], bar: float = 0.9, *, num_resamples: int = 1000,
+                       level: float = 0.95, seed: int = 0) -> tuple[float, float]:
+    """A percentile-bootstrap interval of ``fitted_capacity``: each rate's requests resampled
+    with replacement, independently (each rate is its own run)."""
+    rng = random.Random(seed)
+    values = []
+    for _ in range(num_resamples):
+        resampled = {rate: [flags[rng.randrange(len(flags))] for _ in flags] for rate, flags in met_by_rate.items() if flags}
+        value = fitted_capacity(resampled, bar)
+        if value == value:
+            values.append(value)
+    if not values:
+        return math.nan, math.nan
+    values.sort()  # nearest rank: resamples above the ladder are inf, which interpolation would turn into NaN
+    tail = (1 - level) / 2
+    return values[int(tail * (len(values) - 1))], values[math.ceil((1 - tail) * (len(values) - 1))]
+
+
+def isolated_latencies(records: list[RequestRecord]) -> dict[int, tuple[float, float | None]]:
+    """Per request index, the best (TTFT, TPOT) it got in any of ``records`` (every scenario and
+    rate of one workload): a stand-in for its latency on an idle endpoint, which the SLO scale
+    multiplies. It can only overstate the isolated latency (so a scaled SLO is, if anything,
+    looser) and it needs no extra runs."""
+    best: dict[int, tuple[float, float | None]] = {}
+    for r in records:
+        if not r.is_ok:
+            continue
+        ttft, tpot = best.get(r.index, (math.inf, None))
+        new_tpot = r.tpot_s if tpot is None else (tpot if r.tpot_s is None else min(tpot, r.tpot_s))
+        best[r.index] = (min(ttft, r.ttft_s), new_tpot)
+    return best
+
+
+def scaled_attainment(records: list[RequestRecord], isolated: dict[int, tuple[float, float | None]], scale: float) -> float:
+    """Share of ``records`` within ``scale`` × their own isolated TTFT and TPOT (DistServe's SLO
+    scale): a conclusion that holds at several scales does not hinge on one threshold."""
+    if not records:
+        return math.nan
+    met = 0
+    for r in records:
+        base = isolated.get(r.index)
+        if not r.is_ok or base is None:
+            continue
+        ttft_ok = r.ttft_s <= scale * base[0]
+        tpot = r.tpot_s
+        tpot_ok = tpot is None or base[1] is None or tpot <= scale * base[1]
+        met += ttft_ok and tpot_ok
+    return met / len(records)

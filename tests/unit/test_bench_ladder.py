@@ -132,3 +132,39 @@ def test_report_renders_every_table():
     text = report({"spec": {**asdict(s), "slo": asdict(SLO)}, "workloads": {"synthetic": "a mix"}, "runs": runs})
     assert "dpd-adaptive ÷ colocated" in text and "dpd-adaptive ÷ dpd" in text
     assert "0.80× [" in text and "Capacity at the SLO" in text
+
+
+def test_the_fitted_capacity_crosses_the_bar_between_rates():
+    """Issue 20: capacity from the attainment curve, not the last rung that passed."""
+    from dpd.bench.stats import fitted_capacity, fitted_capacity_ci
+
+    def flags(share: float, n: int = 100) -> list[bool]:
+        return [i < round(share * n) for i in range(n)]
+
+    # 100% at 0.2, 95% at 0.4, 70% at 0.6: the 90% bar is crossed a fifth of the way to 0.6.
+    met = {0.2: flags(1.0), 0.4: flags(0.95), 0.6: flags(0.70)}
+    assert fitted_capacity(met) == pytest.approx(0.44)
+    lo, hi = fitted_capacity_ci(met)
+    assert 0.2 < lo < 0.44 < hi < 0.6
+    # Where a resample of the top rate may pass the bar, the interval says "above the ladder".
+    assert fitted_capacity_ci({0.2: flags(1.0), 0.4: flags(0.95), 0.6: flags(0.88)})[1] == float("inf")
+    # A rise with load is noise: the curve is made non-increasing first.
+    assert fitted_capacity({0.2: flags(0.95), 0.4: flags(0.8), 0.6: flags(0.99)}) == pytest.approx(0.2 + 0.2 * 0.05 / 0.15)
+    assert fitted_capacity({0.2: flags(0.5), 0.4: flags(0.1)}) == 0  # below the ladder
+    assert fitted_capacity({0.2: flags(1.0), 0.4: flags(0.95)}) == float("inf")  # above it
+
+
+def test_the_slo_scale_multiplies_each_requests_own_best_latency():
+    from dpd.bench.stats import RequestRecord, isolated_latencies, scaled_attainment
+
+    def rec(index: int, ttft: float, e2e: float) -> RequestRecord:
+        return RequestRecord(ttft_s=ttft, e2e_s=e2e, num_output_tokens=11, index=index)
+
+    calm = [rec(0, 1.0, 2.0), rec(1, 2.0, 3.0)]  # TPOT 0.1 s each
+    busy = [rec(0, 1.9, 2.9), rec(1, 6.5, 7.5)]  # request 1 waited 3.25× its best
+    isolated = isolated_latencies(calm + busy)
+    assert isolated == {0: (1.0, pytest.approx(0.1)), 1: (2.0, pytest.approx(0.1))}
+    assert scaled_attainment(busy, isolated, 2.0) == 0.5
+    assert scaled_attainment(busy, isolated, 5.0) == 1.0
+    assert scaled_attainment(busy + [RequestRecord(ttft_s=0, e2e_s=0, num_output_tokens=0, is_ok=False, index=0)],
+                             isolated, 5.0) == pytest.approx(2 / 3)  # a failure never meets it
