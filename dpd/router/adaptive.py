@@ -44,7 +44,7 @@ Every input is read through ``Worker.load`` and ``EndpointLoad`` — the interfa
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from dpd.router.decide import Decision, Path, Reason, checked_threshold
@@ -53,6 +53,7 @@ from dpd.router.pools import Worker
 
 TTFT_WEIGHT = 0.1
 TIE_BREAK = 1e-3  # per stream: equal plans go to the less crowded worker
+MAX_CANDIDATES = 8  # workers scored per role in one decision (the least loaded; _shortlist)
 MISS_COST = 4.0  # one predicted SLO miss outweighs any risk short of one (a risk term is at most 1 per budget)
 SMALL_PREFILL = 0.1  # share of the TTFT target: a prefill this short may queue on a decoder in overload
 MAX_UTILIZATION = 0.9  # the exposure model's cap: a worker always prefilling would stretch a stream forever
@@ -87,14 +88,18 @@ class Scored:
 class AdaptiveDecider:
     def __init__(self, floor_tokens: int, endpoint: EndpointLoad, *, stall_weight: float = 1.0,
                  is_colocated: bool = False, slo: Slo = Slo(), max_prefill_wait_s: float = math.inf,
-                 max_decode_wait_s: float = math.inf):
+                 max_decode_wait_s: float = math.inf, max_candidates: int = MAX_CANDIDATES):
         self.set_threshold(floor_tokens)
+        self.max_candidates = max_candidates
         self.endpoint = endpoint
         self.stall_weight = stall_weight
         self.is_colocated = is_colocated
         self.slo = slo
         self.max_prefill_wait_s = max_prefill_wait_s  # the prefill hop's deadline (router.prefillTimeoutS)
         self.max_decode_wait_s = max_decode_wait_s  # the decode hop's first-token deadline (decodeFirstTokenTimeoutS)
+        self._slacks: dict[int, list[float]] = {}
+        self._services: dict[int, list[float]] = {}
+        self._exposure: dict[tuple[int, int], float] = {}
 
     @property
     def threshold_tokens(self) -> int:
@@ -116,6 +121,10 @@ class AdaptiveDecider:
 
     def _plan(self, num_prompt_tokens: int, num_output_tokens: int | None, candidates: Candidates,
               cached: Mapping[Worker, int]) -> Decision | None:
+        # Per-worker figures every plan through that worker reads (a pool of P prefillers and D
+        # decoders has P × D splits): computed once per decision, the same values as uncached.
+        self._slacks, self._services, self._exposure = {}, {}, {}
+        candidates = self._shortlist(candidates, num_prompt_tokens, cached)
         n = num_prompt_tokens
         m = num_output_tokens if num_output_tokens is not None else round(self.endpoint.output_tokens.value)
         wholes = [self._whole(w, n, m, cached.get(w, 0)) for w in (*candidates.decoders, *candidates.others)]
@@ -167,6 +176,25 @@ class AdaptiveDecider:
             return _with_reason(best_whole, Reason.PREFILL_QUEUE_LONG)
         return _with_reason(best_whole, Reason.SPLIT_NO_GAIN)
 
+    def _shortlist(self, candidates: Candidates, n: int, cached: Mapping[Worker, int]) -> Candidates:
+        """At most ``max_candidates`` workers per role, so a decision costs the same in a pool of
+        8 and of 800 (every pair of a P × D pool would be scored otherwise): those holding most
+        of the prompt in cache, then the least loaded — prefillers by their queue's wait,
+        decoders by queued prefill tokens, then streams. Pools within the limit are unchanged."""
+        k = self.max_candidates
+
+        def keep(workers: Sequence[Worker], key: Callable[[Worker], tuple[float, ...]]) -> Sequence[Worker]:
+            if len(workers) <= k:
+                return workers
+            chosen = {id(w) for w in sorted(workers, key=key)[:k]}
+            return [w for w in workers if id(w) in chosen]  # in their order: ties still go the same way
+
+        def decoder_key(w: Worker) -> tuple[float, ...]:
+            return (-cached.get(w, 0), w.load.queued_prefill_tokens, w.load.num_streams)
+
+        return Candidates(keep(candidates.prefillers, lambda w: (-cached.get(w, 0), w.load.prefill_s(n))),
+                          keep(candidates.decoders, decoder_key), keep(candidates.others, decoder_key))
+
     def _is_small(self, scored: Scored, n: int) -> bool:
         """A prompt whose prefill takes at most SMALL_PREFILL of the TTFT target where it would run whole."""
         w = scored.decision.decode
@@ -203,15 +231,16 @@ class AdaptiveDecider:
         own_slack = (self.slo.tpot_s - 1 / d.load.decode_tokens_per_s) * max(m - 1, 0)
         own_misses = int(ttft > self.slo.ttft_s) + self._tpot_miss(exposure, own_slack, d, m)
         own_risk = TTFT_WEIGHT * min(1.0, ttft / self.slo.ttft_s) + (min(1.0, exposure / own_slack) if own_slack > 0 else 1.0)
-        slacks = prefiller.load.stream_slacks_s(self.slo.tpot_s)
+        slacks = self._slacks.get(id(prefiller))
+        if slacks is None:
+            slacks = self._slacks[id(prefiller)] = prefiller.load.stream_slacks_s(self.slo.tpot_s)
         pushed = sum(slack < prefill_s for slack in slacks)
         harm_risk = sum(prefill_s / slack for slack in slacks if slack >= prefill_s and slack > 0)
         misses = own_misses + pushed
         score = MISS_COST * misses + own_risk + self.stall_weight * harm_risk + TIE_BREAK * d.load.num_streams
         return Scored(decision, ttft, misses, score, harm_misses=pushed, harm_s=prefill_s * len(slacks))
 
-    @staticmethod
-    def _tpot_miss(exposure: float, slack: float, d: Worker, m: int) -> float:
+    def _tpot_miss(self, exposure: float, slack: float, d: Worker, m: int) -> float:
         """The chance the new stream misses its TPOT target on ``d``: certain when the stall
         already predicted exceeds its slack; else the chance that, while it decodes, ``d`` runs
         at least one prefill longer than its slack (at the rate such prefills ran there lately)."""
@@ -220,13 +249,18 @@ class AdaptiveDecider:
         if exposure > slack:
             return 1.0
         decode_s = (m - 1) / d.load.decode_tokens_per_s
-        return 1.0 - math.exp(-d.load.stalls_longer_than_per_s(slack - exposure) * decode_s)
+        services = self._services.get(id(d))
+        if services is None:
+            services = self._services[id(d)] = d.load.recent_services_s()
+        return 1.0 - math.exp(-d.load.stalls_longer_than_per_s(slack - exposure, services) * decode_s)
 
-    @staticmethod
-    def _future_stall_s(w: Worker, m: int) -> float:
+    def _future_stall_s(self, w: Worker, m: int) -> float:
         """The stall a new stream of ``m`` tokens can expect from prefills to come on ``w``."""
-        u = min(w.load.prefill_utilization(), MAX_UTILIZATION)
-        return (m / w.load.decode_tokens_per_s) * u / (1 - u)
+        key = (id(w), m)
+        if key not in self._exposure:
+            u = min(w.load.prefill_utilization(), MAX_UTILIZATION)
+            self._exposure[key] = (m / w.load.decode_tokens_per_s) * u / (1 - u)
+        return self._exposure[key]
 
 
 def _with_reason(scored: Scored, reason: Reason) -> Decision:

@@ -28,6 +28,7 @@ injected so tests drive time by hand.
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
 from collections import deque
@@ -70,16 +71,19 @@ class RecentMedian:
         self.min_samples = min_samples
         self._samples: list[float] = []
         self.num_samples = 0
+        self._median: float | None = None  # of ``_samples``, until they change (read once per candidate plan)
 
     def add(self, sample: float) -> None:
         if not math.isfinite(sample):
             return
         self._samples = [*self._samples[-(self.window - 1):], sample]
         self.num_samples += 1
+        self._median = None
 
     def replace_last(self, sample: float) -> None:
         if self._samples and math.isfinite(sample):
             self._samples[-1] = sample
+            self._median = None
 
     @property
     def is_measured(self) -> bool:
@@ -89,9 +93,11 @@ class RecentMedian:
     def value(self) -> float:
         if not self.is_measured:
             return self.prior
-        ordered = sorted(self._samples)
-        mid = len(ordered) // 2
-        return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+        if self._median is None:
+            ordered = sorted(self._samples)
+            mid = len(ordered) // 2
+            self._median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+        return self._median
 
 
 @dataclass
@@ -216,11 +222,17 @@ class WorkerLoad:
     def _decayed(self, now: float) -> float:
         return self._busy_s * math.exp(-max(0.0, now - self._busy_at) / self.window_s)
 
-    def stalls_longer_than_per_s(self, stall_s: float) -> float:
+    def stalls_longer_than_per_s(self, stall_s: float, recent: list[float] | None = None) -> float:
         """How often, per second over the last ``window_s``, a prefill here ran longer than
-        ``stall_s`` — each one stalled every stream on the worker that long."""
+        ``stall_s`` — each one stalled every stream on the worker that long. ``recent``: this
+        worker's ``recent_services_s()``, when the caller asks many times in one decision."""
+        services = self.recent_services_s() if recent is None else recent
+        return (len(services) - bisect.bisect_right(services, stall_s)) / self.window_s
+
+    def recent_services_s(self) -> list[float]:
+        """The service times of the prefills that ended within the last ``window_s``, sorted."""
         since = self._clock() - self.window_s
-        return sum(end >= since and service > stall_s for end, service in self._recent) / self.window_s
+        return sorted(service for end, service in self._recent if end >= since)
 
     def _add_busy(self, service_s: float, now: float) -> None:
         self._recent.append((now, service_s))

@@ -289,3 +289,21 @@ def test_recommended_threshold(streams, expected):
     endpoint = EndpointLoad(LoadPriors(split_overhead_s=0.3))
     endpoint.streams_per_decoder.value = streams
     assert recommended_threshold(endpoint, [worker("decode-0")], stall_weight=1.0, max_model_len=8192) == expected
+
+
+def test_a_large_pool_is_shortlisted_to_the_least_loaded_workers():
+    """A decision scores at most max_candidates workers per role (the least loaded, and those
+    holding the prompt in cache), so its cost does not grow with the pool; within the limit
+    every worker is scored."""
+    prefill = [worker(f"prefill-{i}", queued=1000 * (i + 1)) for i in range(20)]
+    decode = [worker(f"decode-{i}", streams=2 + i % 3, queued=100 * (20 - i)) for i in range(20)]
+    d = decider()
+    shortlist = d._shortlist(Candidates(prefill, decode, prefill), 3000, {})
+    assert [w.name for w in shortlist.prefillers] == [f"prefill-{i}" for i in range(8)]  # the shortest queues
+    assert {w.name for w in shortlist.decoders} == {f"decode-{i}" for i in range(12, 20)}
+    cached = {decode[0]: 2048}  # the busiest decoder holds the prompt: it stays a candidate
+    assert decode[0] in d._shortlist(Candidates(prefill, decode, prefill), 3000, cached).decoders
+    small = Candidates(prefill[:3], decode[:5], prefill[:3])
+    assert d._shortlist(small, 3000, {}) == small
+    plan = d.plan(3000, 16, Candidates(prefill, decode, prefill))
+    assert plan is not None and plan.decode in shortlist.decoders + shortlist.prefillers
