@@ -17,6 +17,8 @@
   dpd bench crosscheck             our client's TTFT/TPOT/ITL against `vllm bench serve`'s
 
   dpd bench correctness            greedy outputs under mixed load vs colocated; stalls all counted
+  dpd profile --worker URL         measure a worker for the simulator (or --modelled HW: from datasheets)
+  dpd plan --profile P             size the pools and choose the policy for a trace and an SLO (simulated)
 
 Flags override config fields; their defaults come from the config model (``dpd.config``), so a
 flag never disagrees with the file format about what the default is.
@@ -31,6 +33,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any, get_args
 
@@ -291,6 +294,78 @@ def _cmd_bench_audit(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_profile(args: argparse.Namespace) -> int:
+    import requests
+
+    from dpd.sim.profile import measure, modelled
+
+    try:
+        if args.modelled:
+            if args.params_billion is None or args.kv_bytes_per_token is None:
+                print("dpd profile: --modelled needs --params-billion and --kv-bytes-per-token", file=sys.stderr)
+                return 2
+            profile = modelled(args.modelled, args.params_billion, kv_bytes_per_token=args.kv_bytes_per_token,
+                               context_tokens=args.context_tokens, max_batched_tokens=args.max_batched_tokens)
+        elif args.worker:
+            key = os.environ.get(args.api_key_env) if args.api_key_env else None
+            profile = measure(args.worker, mode=args.mode, router_url=args.router, api_key=key,
+                              max_batched_tokens=args.max_batched_tokens, progress=lambda m: print(m, file=sys.stderr))
+        else:
+            print("dpd profile: give --worker URL (a running worker; `dpd serve` prints their URLs) or --modelled HW",
+                  file=sys.stderr)
+            return 2
+    except (OSError, ValueError, requests.RequestException) as exc:
+        print(f"dpd profile: {exc}", file=sys.stderr)
+        return 1
+    Path(args.out).write_text(profile.to_json())
+    print(profile.to_json())
+    print(f"profile written to {args.out}", file=sys.stderr)
+    return 0
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from dpd.bench.ladder import LadderSpec, at_rate, request_set
+    from dpd.bench.stats import Slo as BenchSlo
+    from dpd.router.adaptive import Slo
+    from dpd.sim.plan import best, render_config, search, table
+    from dpd.sim.profile import Profile
+
+    try:
+        profile = Profile.load(args.profile)
+        workload = "synthetic" if args.trace == "synthetic" else "trace"
+        spec = LadderSpec(trace_dir=args.trace if workload == "trace" else str(DEFAULT_TRACE_DIR), rates_rps=(args.rate,),
+                          slo=BenchSlo(args.slo_ttft, args.slo_tpot), num_requests=args.requests,
+                          max_prompt_tokens=args.max_prompt_tokens, max_output_tokens=args.max_output_tokens, seed=args.seed)
+        trace, description = request_set(spec, workload)
+    except (OSError, ValueError) as exc:
+        print(f"dpd plan: {exc}", file=sys.stderr)
+        return 2
+    requests_ = [(r.arrival_s, r.num_prompt_tokens, r.num_output_tokens) for r in at_rate(trace, args.rate)]
+    slo = Slo(args.slo_ttft, args.slo_tpot)
+    policies = tuple(p for p in args.policies.split(",") if p)
+    started = time.perf_counter()
+
+    def progress(done: int, total: int) -> None:
+        if done == total or done % 10 == 0:
+            print(f"\rdpd plan: {done}/{total} candidates simulated", end="\n" if done == total else "", file=sys.stderr)
+
+    rows = search(requests_, profile.engine, slo, max_workers=args.max_workers, min_workers=args.min_workers,
+                  policies=policies, thresholds=args.thresholds, price_per_worker_hour=args.price_per_worker_hour,
+                  progress=progress)
+    wall_s = time.perf_counter() - started
+    choice = best(rows, args.target)
+    print(f"Trace: {description}, at {args.rate:g} req/s. SLO: TTFT ≤ {slo.ttft_s:g} s, TPOT ≤ {slo.tpot_s:g} s; target "
+          f"{args.target:.0%}. Profile: {profile.source}, {profile.hardware}, {profile.model} ({args.profile}).")
+    print(f"{len(rows)} candidates, {len(rows) * len(requests_):,} simulated requests in {wall_s:.1f} s "
+          f"({len(rows) * len(requests_) / wall_s:,.0f} requests/s). Predictions, not measurements.\n")
+    print(table(rows, args.target))
+    print(f"\nRecommended: {choice.candidate.describe()} — {choice.attainment:.0%} within the SLO predicted"
+          + ("" if choice.attainment >= args.target else f" (no candidate reaches {args.target:.0%}: the best found)"))
+    Path(args.out).write_text(render_config(choice, slo))
+    print(f"config written to {args.out}")
+    return 0
+
+
 def _cmd_prepare_model(args: argparse.Namespace) -> int:
     from dpd.models.bundled import prepare_bundled_model
 
@@ -497,6 +572,40 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--rate-multiplier", type=float, default=1.0)
     b.add_argument("--max-prompt-tokens", type=int, help="fit prompts into a model's context")
     b.set_defaults(func=_cmd_bench_audit)
+
+    p = sub.add_parser("profile", help="measure a worker's prefill and decode speed for the simulator (dpd plan)")
+    p.add_argument("--worker", help="a running worker's URL (e.g. http://127.0.0.1:8101): idle, serving nothing else")
+    p.add_argument("--router", help="the P/D endpoint's router URL, to measure the split's own cost (KV pull)")
+    p.add_argument("--mode", choices=("quick", "full"), default="quick", help="quick: about a minute; full: more points")
+    p.add_argument("--api-key-env", default="DPD_WORKER_API_KEY", help="environment variable holding the worker's key")
+    p.add_argument("--max-batched-tokens", type=int, default=2048, help="the engine's per-step token budget")
+    p.add_argument("--modelled", help="no measurement: a profile from datasheet figures for this hardware "
+                   "(h100-sxm, h200, a100-80g, l4)")
+    p.add_argument("--params-billion", type=float, help="--modelled: the model's parameters, billions")
+    p.add_argument("--kv-bytes-per-token", type=float, help="--modelled: KV cache bytes per token (all layers)")
+    p.add_argument("--context-tokens", type=int, default=2048, help="--modelled: a typical stream's context")
+    p.add_argument("--out", default="profile.json")
+    p.set_defaults(func=_cmd_profile)
+
+    p = sub.add_parser("plan", help="size the pools and choose the routing policy for a trace and an SLO (simulated)")
+    p.add_argument("--profile", required=True, help="a profile from `dpd profile`")
+    p.add_argument("--trace", default=str(DEFAULT_TRACE_DIR),
+                   help="the Azure trace's directory, a request log (router.requestLog), or `synthetic`")
+    p.add_argument("--rate", type=float, default=0.5, help="the request rate to serve (req/s)")
+    p.add_argument("--requests", type=int, default=300, help="requests simulated per candidate")
+    p.add_argument("--slo-ttft", type=float, default=10.0)
+    p.add_argument("--slo-tpot", type=float, default=0.2)
+    p.add_argument("--target", type=float, default=0.9, help="the share of requests that must meet the SLO")
+    p.add_argument("--max-workers", type=int, default=4)
+    p.add_argument("--min-workers", type=int, default=1)
+    p.add_argument("--policies", default="colocated,threshold,adaptive")
+    p.add_argument("--thresholds", type=_number_list(int, 0), default=(512, 1024), help="the static split's thresholds to try")
+    p.add_argument("--max-prompt-tokens", type=int, default=8192)
+    p.add_argument("--max-output-tokens", type=int, default=512)
+    p.add_argument("--price-per-worker-hour", type=float, help="adds cost per million output tokens")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="planned-endpoint.yaml", help="where the recommended config is written")
+    p.set_defaults(func=_cmd_plan)
 
     p = sub.add_parser("keys", help="API keys: make one, or hash one for the config")
     keys = p.add_subparsers(dest="keys_command", required=True)

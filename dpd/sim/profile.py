@@ -1,0 +1,239 @@
+"""``dpd profile``: what the simulator needs to know of a worker, measured on the user's own.
+
+A profile is an ``EngineProfile`` (prefill rate, a step's fixed cost, each running stream's
+cost per step, the step's token budget, the KV pull) with where it came from: hardware, model,
+engine version, date, and whether it was *measured* here or *modelled* from published figures
+(``modelled``, for hardware the user does not have; docs/planning.md gives its expected error).
+
+Measuring, on one worker that serves nothing else:
+
+* **prefill** — single requests with one output token at several prompt lengths, each timed
+  end to end after a warm-up: time = step cost + tokens ÷ rate, fitted by least squares;
+* **decode** — b concurrent streams of one-token prompts for b in a few batch sizes, the mean
+  gap between a stream's tokens: gap = step cost + b × per-stream cost, fitted likewise;
+* **the KV pull** — the split's own cost as a P/D router measures it (``/admin/workers``,
+  ``split_overhead_s``), when a router is given; else the default, and the profile says so.
+
+Quick mode takes about a minute on this project's CPU workers; ``full`` adds longer prompts and
+larger batches.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from dpd.sim.engine import EngineProfile
+
+QUICK = {"prompts": (64, 256, 512), "batches": (1, 4, 8), "repeats": 2, "decode_tokens": 32}
+FULL = {"prompts": (64, 256, 512, 1024, 2048), "batches": (1, 2, 4, 8, 16, 32), "repeats": 3, "decode_tokens": 64}
+
+
+@dataclass(frozen=True)
+class Profile:
+    engine: EngineProfile
+    source: str  # "measured" or "modelled"
+    hardware: str = ""
+    model: str = ""
+    engine_version: str = ""
+    date: str = ""
+    notes: tuple[str, ...] = ()
+    samples: dict[str, Any] = field(default_factory=dict)  # what was measured, for review
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Profile:
+        data = json.loads(Path(path).read_text())
+        try:
+            return cls(engine=EngineProfile(**data.pop("engine")), **{**data, "notes": tuple(data.get("notes", ()))})
+        except (TypeError, KeyError) as exc:
+            raise ValueError(f"{path} is not a dpd profile: {exc}") from None
+
+
+def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least-squares (intercept, slope) of ys over xs."""
+    if len(set(xs)) < 2:
+        raise ValueError("a fit needs at least two distinct x values")
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return my - slope * mx, slope
+
+
+def hardware_description() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip() + f", {platform.machine()}"
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+class WorkerClient:
+    def __init__(self, url: str, model: str | None = None, api_key: str | None = None):
+        self.url = url.rstrip("/")
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.model = model or self._get("/v1/models")["data"][0]["id"]
+
+    def _get(self, path: str) -> Any:
+        resp = requests.get(self.url + path, headers=self.headers, timeout=30)
+        resp.raise_for_status()
+        return resp.json()
+
+    def version(self) -> str:
+        try:
+            return "vllm " + str(self._get("/version").get("version", "?"))
+        except (requests.RequestException, ValueError):
+            return "unknown"
+
+    def prompt(self, num_tokens: int, seed: int) -> list[int]:
+        # Token ids, not text, so the length is exact; distinct per call so no prefix is cached.
+        return [1000 + (seed * 7919 + i * 104729) % 20000 for i in range(num_tokens)]
+
+    def complete(self, prompt: list[int], max_tokens: int) -> float:
+        started = time.monotonic()
+        resp = requests.post(self.url + "/v1/completions", headers=self.headers, timeout=600, json={
+            "model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True})
+        resp.raise_for_status()
+        return time.monotonic() - started
+
+    def stream_gaps(self, prompt: list[int], max_tokens: int) -> list[float]:
+        """The gaps between a stream's tokens (one per token: usage counts them)."""
+        resp = requests.post(self.url + "/v1/completions", headers=self.headers, timeout=600, stream=True, json={
+            "model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
+        resp.raise_for_status()
+        gaps, last, seen = [], None, 0
+        for line in resp.iter_lines(chunk_size=None):  # as each chunk arrives, not 512 bytes at a time
+            if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            tokens = (chunk.get("usage") or {}).get("completion_tokens", seen)
+            if tokens <= seen:
+                continue
+            now = time.monotonic()
+            if last is not None:
+                gaps += [(now - last) / (tokens - seen)] * (tokens - seen)
+            last, seen = now, tokens
+        return gaps
+
+
+def measure(worker_url: str, *, mode: str = "quick", router_url: str | None = None, api_key: str | None = None,
+            max_batched_tokens: int = 2048, progress: Any = print) -> Profile:
+    plan = QUICK if mode == "quick" else FULL
+    client = WorkerClient(worker_url, api_key=api_key)
+    notes = []
+    seed = int(time.time())
+    progress(f"profile: warming up {client.url} ({client.model})")
+    client.complete(client.prompt(max(plan["prompts"]), seed), 1)
+    xs, ys = [], []
+    for n in plan["prompts"]:
+        for _ in range(plan["repeats"]):
+            seed += 1
+            ys.append(client.complete(client.prompt(n, seed), 1))
+            xs.append(float(n))
+        progress(f"profile: prefill {n} tokens: {statistics.fmean(ys[-plan['repeats']:]):.3f} s")
+    _, slope = fit_line(xs, ys)
+    prefill_rate = 1 / slope if slope > 0 else float("inf")
+    batch_x, gap_y = [], []
+    for b in plan["batches"]:
+        seed += 1
+        prompts = [client.prompt(8, seed * 100 + i) for i in range(b)]
+        with ThreadPoolExecutor(b) as pool:
+            results = list(pool.map(lambda p: client.stream_gaps(p, plan["decode_tokens"]), prompts))
+        gaps = sorted(g for r in results for g in r)
+        mid = gaps[len(gaps) // 4: 3 * len(gaps) // 4] or gaps  # the middle half: ramp-up and tail out
+        batch_x.append(float(b))
+        gap_y.append(statistics.fmean(mid))
+        progress(f"profile: decode batch {b}: {gap_y[-1] * 1000:.1f} ms/token")
+    step_s, per_stream_s = fit_line(batch_x, gap_y)
+    engine = EngineProfile(prefill_tokens_per_s=round(prefill_rate, 1), step_overhead_s=round(max(step_s, 0.001), 4),
+                           decode_s_per_stream=round(max(per_stream_s, 0.0), 5), max_batched_tokens=max_batched_tokens)
+    if router_url:
+        split_s = measure_split(router_url, client.model, seed, progress)
+        if split_s is not None:
+            engine = replace(engine, kv_transfer_s=round(split_s, 4))
+        else:
+            notes.append("the router measured no split (is it a P/D endpoint?): KV pull left at the default")
+    else:
+        notes.append("no P/D router given: KV pull left at the default")
+    notes.append(f"max_batched_tokens {max_batched_tokens} as given (the engine does not report it)")
+    return Profile(engine=engine, source="measured", hardware=hardware_description(), model=client.model,
+                   engine_version=client.version(), date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                   notes=tuple(notes), samples={"prefill": [[x, y] for x, y in zip(xs, ys)],
+                                                     "decode": [[x, y] for x, y in zip(batch_x, gap_y)]})
+
+
+def measure_split(router_url: str, model: str, seed: int, progress: Any = print, num: int = 4) -> float | None:
+    """The split's own cost (KV pull, the decode hop's first step) as the router measures it:
+    a few disaggregated requests (the router's threshold set to 0 meanwhile, then restored)."""
+    url = router_url.rstrip("/")
+    before = requests.get(url + "/admin/workers", timeout=10).json().get("routing", {})
+    threshold = before.get("threshold_tokens")
+    requests.put(url + "/admin/threshold", json={"threshold_tokens": 0}, timeout=10).raise_for_status()
+    try:
+        for i in range(num):
+            prompt = [1000 + ((seed + i) * 7919 + k * 104729) % 20000 for k in range(256)]
+            requests.post(url + "/v1/completions", timeout=600, json={
+                "model": model, "prompt": prompt, "max_tokens": 2, "temperature": 0}).raise_for_status()
+    finally:
+        if threshold is not None:
+            requests.put(url + "/admin/threshold", json={"threshold_tokens": threshold}, timeout=10)
+    routing = requests.get(url + "/admin/workers", timeout=10).json().get("routing", {})
+    if not routing.get("split_overhead_samples"):
+        return None
+    progress(f"profile: the split's own cost (KV pull + first decode step): {routing['split_overhead_s']:.3f} s")
+    return float(routing["split_overhead_s"])
+
+
+# -- what-if hardware -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Hardware:
+    name: str
+    tflops: float  # dense bf16/fp16 tensor TFLOP/s
+    memory_gbps: float  # HBM bandwidth, GB/s
+    interconnect_gbps: float  # what a KV pull between two workers gets, GB/s
+
+
+HARDWARE = {  # published datasheet figures (dense, no sparsity)
+    "h100-sxm": Hardware("NVIDIA H100 SXM", 989.0, 3350.0, 50.0),
+    "h200": Hardware("NVIDIA H200", 989.0, 4800.0, 50.0),
+    "a100-80g": Hardware("NVIDIA A100 80GB SXM", 312.0, 2039.0, 25.0),
+    "l4": Hardware("NVIDIA L4", 121.0, 300.0, 6.0),
+}
+MFU_PREFILL = 0.5  # share of peak FLOP/s a prefill reaches
+MBU_DECODE = 0.6  # share of peak bandwidth a decode step reaches
+
+
+def modelled(hardware: str, params_billion: float, *, kv_bytes_per_token: float, bytes_per_param: float = 2.0,
+             context_tokens: int = 2048, max_batched_tokens: int = 8192) -> Profile:
+    """A profile from datasheet figures and the model's size (a roofline): prefill at
+    ``MFU_PREFILL`` of peak FLOP/s (2 × params FLOPs per token), a decode step reading the
+    weights at ``MBU_DECODE`` of peak bandwidth, each stream adding its KV cache
+    (``context_tokens`` × ``kv_bytes_per_token``), the KV pull at the interconnect's rate.
+    Marked modelled: its error against measurement is stated in docs/planning.md."""
+    if hardware not in HARDWARE:
+        raise ValueError(f"unknown hardware {hardware!r}; known: {', '.join(sorted(HARDWARE))}")
+    hw = HARDWARE[hardware]
+    params = params_billion * 1e9
+    prefill_rate = hw.tflops * 1e12 * MFU_PREFILL / (2 * params)
+    step_s = params * bytes_per_param / (hw.memory_gbps * 1e9 * MBU_DECODE)
+    per_stream_s = context_tokens * kv_bytes_per_token / (hw.memory_gbps * 1e9 * MBU_DECODE)
+    kv_s = context_tokens * kv_bytes_per_token / (hw.interconnect_gbps * 1e9)
+    engine = EngineProfile(prefill_tokens_per_s=round(prefill_rate, 1), step_overhead_s=step_s,
+                           decode_s_per_stream=per_stream_s, max_batched_tokens=max_batched_tokens, kv_transfer_s=kv_s)
+    return Profile(engine=engine, source="modelled", hardware=hw.name, model=f"{params_billion:g}B parameters",
+                   date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                   notes=("modelled from datasheet figures, not measured: see docs/planning.md for its expected error",))

@@ -1,0 +1,139 @@
+"""`dpd profile` and `dpd plan` (issue 17): the profile's fits against a worker with known
+speeds, the modelled profile, the search and its recommendation, the written config."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from dpd.config import parse_config
+from dpd.router.adaptive import Slo
+from dpd.sim.engine import EngineProfile
+from dpd.sim.plan import Candidate, best, candidates, config_for, evaluate, search
+from dpd.sim.profile import Profile, fit_line, measure, modelled
+
+RATE = 4000.0  # the fake worker's prefill rate, tokens/s
+STEP_S = 0.012  # its decode step
+
+
+class FakeWorker(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # chunked streams, as vLLM's server sends them
+
+    def _json(self, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:  # noqa: N802
+        self._json({"data": [{"id": "m"}]} if self.path == "/v1/models" else {"version": "0.0-test"})
+
+    def do_POST(self) -> None:  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        time.sleep(0.005 + len(body["prompt"]) / RATE)
+        if not body.get("stream"):
+            self._json({"choices": [{"text": "x"}], "usage": {"completion_tokens": 1}})
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+        def send(data: bytes) -> None:
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
+
+        for i in range(body["max_tokens"]):
+            if i:
+                time.sleep(STEP_S)
+            chunk = {"choices": [{"text": "x"}], "usage": {"completion_tokens": i + 1}}
+            send(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        send(b"data: [DONE]\n\n")
+        self.wfile.write(b"0\r\n\r\n")
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def fake_worker():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeWorker)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_fit_line_recovers_a_line():
+    assert fit_line([1, 2, 3, 4], [3, 5, 7, 9]) == pytest.approx((1, 2))
+    with pytest.raises(ValueError):
+        fit_line([2, 2], [1, 3])
+
+
+def test_a_profile_measures_a_workers_known_speeds(fake_worker, tmp_path):
+    profile = measure(fake_worker, progress=lambda m: None)
+    assert profile.source == "measured" and profile.model == "m" and profile.engine_version == "vllm 0.0-test"
+    assert profile.engine.prefill_tokens_per_s == pytest.approx(RATE, rel=0.25)
+    assert profile.engine.step_overhead_s == pytest.approx(STEP_S, rel=0.5)
+    assert profile.engine.decode_s_per_stream < 0.003  # the fake's steps do not grow with the batch
+    assert any("KV pull left at the default" in n for n in profile.notes)
+    path = tmp_path / "p.json"
+    path.write_text(profile.to_json())
+    assert Profile.load(path) == profile
+
+
+def test_a_modelled_profile_is_a_roofline_and_says_so():
+    p = modelled("h100-sxm", 8, kv_bytes_per_token=131072)  # an 8B model, 128 KiB of KV per token
+    assert p.source == "modelled" and "not measured" in p.notes[0]
+    assert p.engine.prefill_tokens_per_s == pytest.approx(989e12 * 0.5 / 16e9, rel=1e-3)  # ~31k tokens/s
+    assert p.engine.step_overhead_s == pytest.approx(16e9 / (3350e9 * 0.6))  # ~8 ms to read the weights
+    with pytest.raises(ValueError, match="unknown hardware"):
+        modelled("tpu9", 8, kv_bytes_per_token=1)
+
+
+def test_the_search_space_and_the_recommendation():
+    space = list(candidates(3, ("colocated", "threshold", "adaptive"), (512,)))
+    assert [c.describe() for c in space] == [
+        "colocated × 1", "colocated × 2", "1P:1D threshold 512", "1P:1D adaptive",
+        "colocated × 3", "1P:2D threshold 512", "1P:2D adaptive", "2P:1D threshold 512", "2P:1D adaptive"]
+    # One worker, requests 10 s apart, each alone: every one meets the SLO; the cheapest wins.
+    profile = EngineProfile(prefill_tokens_per_s=1000, step_overhead_s=0.05, decode_s_per_stream=0.0)
+    requests = [(i * 10.0, 500, 10) for i in range(10)]
+    rows = search(requests, profile, Slo(2.0, 0.1), max_workers=2, policies=("colocated", "adaptive"))
+    choice = best(rows, 0.9)
+    assert choice.candidate == Candidate("colocated", 0, 1) and choice.attainment == 1.0
+    # Each alone: TTFT = one step of 0.05 + 500/1000 s; TPOT = one step.
+    assert choice.ttft_p99_s == pytest.approx(0.55) and choice.itl_p99_s == pytest.approx(0.05)
+    assert choice.goodput_rps == pytest.approx(10 / (90 + 0.55 + 9 * 0.05))
+
+
+def test_the_recommended_config_loads_and_says_what_was_chosen():
+    row = evaluate(Candidate("threshold", 1, 2, 768), [(0.0, 100, 4), (1.0, 2000, 4)], EngineProfile(), Slo(5.0, 0.1))
+    config = parse_config(config_for(row, Slo(5.0, 0.1)))
+    pd = config.spec.pdSpec
+    assert (pd.prefillSpec.replicas, pd.decodingSpec.replicas, pd.routingPolicy, pd.routingThreshold) == (1, 2, "threshold", 768)
+    assert (pd.router.slo.ttftS, pd.router.slo.tpotS) == (5.0, 0.1)
+
+
+def test_dpd_plan_end_to_end(tmp_path):
+    profile = tmp_path / "profile.json"
+    profile.write_text(Profile(EngineProfile(), "measured", "test cpu").to_json())
+    out = tmp_path / "planned.yaml"
+    run = subprocess.run([sys.executable, "-m", "dpd", "plan", "--profile", str(profile), "--trace", "synthetic",
+                          "--rate", "0.5", "--requests", "60", "--max-workers", "2", "--max-prompt-tokens", "768",
+                          "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "Recommended:" in run.stdout and "| colocated × 1 |" in run.stdout and "simulated requests in" in run.stdout
+    assert out.read_text().startswith("# dpd plan:")
+    bad = subprocess.run([sys.executable, "-m", "dpd", "plan", "--profile", str(tmp_path / "none.json")],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "dpd plan:" in bad.stderr and "Traceback" not in bad.stderr
