@@ -233,8 +233,13 @@ class PrefixAwareSpec(_Frozen):
     loadWeightTokens: int = Field(default=256, ge=0, description="A worker's score is its cached tokens of the "
                                   "prompt minus this many per request it has in flight: prefix against load.")
     minCachedTokens: int = Field(default=256, ge=1, description="The least cached tokens for a hit to choose the worker.")
-    maxBlocksPerWorker: int = Field(default=65536, ge=1, description="Block hashes remembered per worker (32 bytes "
-                                    "each); the least recently used go first, as in vLLM's cache.")
+    maxBlocksPerWorker: int = Field(default=65536, ge=1, description="Block hashes remembered per worker; the least "
+                                    "recently used go first, as in vLLM's cache.")
+    kvEvents: bool = Field(default=True, description="Workers publish vLLM's KV-cache events (ZMQ) and the index "
+                           "follows them (stores, evictions, restarts); a worker without events keeps the router's "
+                           "approximate record of what it routed there.")
+    kvEventsPortOffset: int = Field(default=1000, ge=1, le=30000, description="A worker publishes its events on its HTTP "
+                                    "port plus this (loopback on one machine; the pod's address on a cluster).")
 
 
 SLO_CLASS_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,31}$"

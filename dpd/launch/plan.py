@@ -294,6 +294,12 @@ def vllm_args(config: InferenceEndpointConfig, pool: PoolSpec, *, model: str, ho
         args += ["--revision", source.revision]
     if (kv_config := worker_kv_config(config, kv_role, is_gpu)) is not None:
         args += ["--kv-transfer-config", json.dumps(kv_config, separators=(",", ":"), sort_keys=True)]
+    prefix = spec.pdSpec.router.prefixAware
+    if prefix.enabled and prefix.kvEvents:  # the router's prefix index follows the engine (router/kvevents.py)
+        bind = "*" if host in ("0.0.0.0", "::") else host  # loopback on one machine: events carry token ids
+        events = {"enable_kv_cache_events": True, "publisher": "zmq", "topic": "kv-events",
+                  "endpoint": f"tcp://{bind}:{port + prefix.kvEventsPortOffset}"}
+        args += ["--kv-events-config", json.dumps(events, separators=(",", ":"), sort_keys=True)]
     if (collector := spec.pdSpec.router.tracing.otlpEndpoint) is not None:
         args += ["--otlp-traces-endpoint", collector]  # the router's traceparent makes its spans children of the hop's
     return args

@@ -133,10 +133,18 @@ class AdminApi:
     async def workers(self, request: Request) -> Response:
         self.authorize(request)
         pools = {}
+        routing = self.router.routing
+        index = routing.prefix_index if routing.prefix_active else None
+
+        def state(w: Worker) -> dict:
+            if index is None:
+                return w.state()
+            return {**w.state(), "prefix_index": {"source": index.source(w.url), "blocks": index.num_blocks(w)}}
+
         for pool in (self.router.prefill, self.router.decode):
             pools[pool.name] = {
                 "breaker": pool.breaker.state.value if pool.breaker else None,
-                "workers": [w.state() for w in pool.workers],
+                "workers": [state(w) for w in pool.workers],
             }
         return JSONResponse({"pools": pools, "routing": self.router.routing.state(self.router.decode)})
 

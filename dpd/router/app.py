@@ -43,6 +43,7 @@ from dpd.router.aggregate import StreamAggregator, is_usage_only
 from dpd.router.breaker import BreakerState, CircuitBreaker
 from dpd.router.errors import ApiError, bad_request, model_not_found, worker_failed
 from dpd.router.flow import PdFlow, RequestContext, UpstreamStream
+from dpd.router.kvevents import KvEvents
 from dpd.router.kvwatch import KvWatch
 from dpd.router.load import SharedRates
 from dpd.router.metrics import RouterMetrics
@@ -149,6 +150,7 @@ class Router:
         self._session: aiohttp.ClientSession | None = None
         self._prober: HealthProber | None = None
         self.kv_watch: KvWatch | None = None
+        self.kv_events: KvEvents | None = None  # the engines' prefix-cache events, with prefix-aware routing
         self._named_workers: set[str] = set()  # the workers the metrics have series for
         self.flow: PdFlow | None = None
 
@@ -191,6 +193,11 @@ class Router:
         self._prober = HealthProber([self.prefill, self.decode], self._session, self.settings.spec.healthIntervalS, self._on_worker_change)
         await self._prober.probe_once()
         self._prober.start()
+        prefix = self.settings.spec.prefixAware
+        if prefix.enabled and prefix.kvEvents:
+            self.kv_events = KvEvents(lambda: self.routing.prefix_index if self.routing.prefix_active else None,
+                                      [self.prefill, self.decode], prefix.kvEventsPortOffset)
+            self.kv_events.start()
         self.kv_watch = KvWatch([self.prefill, self.decode], self._session, self.metrics, KV_WATCH_INTERVAL_S)
         await self.kv_watch.scrape_once()  # the baseline
         self.kv_watch.start()
@@ -200,6 +207,8 @@ class Router:
             await self._prober.stop()
         if self.kv_watch:
             await self.kv_watch.stop()
+        if self.kv_events is not None:
+            await self.kv_events.stop()
         if self._session:
             await self._session.close()
         if self.shadow is not None:

@@ -62,10 +62,19 @@ def test_a_sessions_next_turn_goes_where_its_prefix_is_cached(endpoint, make_pro
                 assert cached_tokens(resp) >= 512, resp.json()["usage"]  # vLLM's own count: the prefix was reused
             report.append((s, turn, worker, reason, resp.json()["usage"]["prompt_tokens"], cached_tokens(resp)))
             sessions[s] = prompt + resp.json()["choices"][0]["text"] + f"\nTurn {turn + 2}: go on, briefly."
+    # The index follows the engines' own KV-cache events (router.prefixAware.kvEvents, on by default).
+    state = requests.get(endpoint.url + "/admin/workers", timeout=10).json()
+    workers = [w for pool in state["pools"].values() for w in pool["workers"]]
+    served = {first_worker[s] for s in sessions}
+    assert state["routing"]["prefix_index"] in ("events", "mixed"), state["routing"]  # mixed: a worker not used yet
+    assert all(w["prefix_index"]["source"] == "events" and w["prefix_index"]["blocks"] >= 5
+               for w in workers if w["name"] in served), workers
     with capsys.disabled():
         print("\n[prefix] session, turn, worker, reason, prompt tokens, cached tokens:")
         for row in report:
             print("   ", row)
+        print(f"[prefix] index: {state['routing']['prefix_index']}; blocks per worker "
+              f"{ {w['name']: w['prefix_index']['blocks'] for w in workers} }")
 
 
 def test_another_tenants_same_prompt_hits_no_cache(endpoint, make_prompt):

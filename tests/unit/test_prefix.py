@@ -7,7 +7,7 @@ import pytest
 from dpd.config.model import AdaptiveSpec
 from dpd.router.decide import Path, Reason
 from dpd.router.metrics import RouterMetrics
-from dpd.router.pools import make_pool
+from dpd.router.pools import Worker, make_pool
 from dpd.router.prefix import PrefixIndex, block_hashes
 from dpd.router.routing import RoutingPolicy
 
@@ -98,3 +98,78 @@ def test_uncached_tokens_decide(kind, colocated, prompt_tokens, cached, expected
     assert (decision.path, decision.reason, decision.decode.name if decision.decode else None) == expected
     if expected[1] is Reason.PREFIX_HIT:
         assert decision.cached_tokens == cached
+
+
+def _vllm_batch(events: list, ts: float = 1.0) -> bytes:
+    """A batch as vLLM's publisher encodes it (its own classes, msgspec's msgpack)."""
+    kv_events = pytest.importorskip("vllm.distributed.kv_events")
+    import msgspec
+
+    return msgspec.msgpack.Encoder().encode(kv_events.KVEventBatch(ts=ts, events=events))
+
+
+def test_the_engines_events_feed_the_index():
+    """Issue 14: BlockStored / BlockRemoved / AllBlocksCleared as vLLM publishes them (int block
+    hashes, its default) land on the blocks the router computes for the same prompt."""
+    kv_events = pytest.importorskip("vllm.distributed.kv_events")
+    from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
+
+    from dpd.router.kvevents import apply_batch
+
+    index = PrefixIndex(block_size=4, max_blocks=100, load_weight_tokens=0)
+    w = Worker("decode-0", "http://127.0.0.1:9", "decode")
+    hashes = index.hashes(list(range(12)))  # three blocks
+    assert index.kind == "approximate" and index.source(w.url) == "approximate"
+    stored = kv_events.BlockStored(block_hashes=[maybe_convert_block_hash(h) for h in hashes], parent_block_hash=None,
+                                   token_ids=list(range(12)), block_size=4, lora_id=None, medium="GPU", lora_name=None)
+    assert apply_batch(index, w.url, _vllm_batch([stored])) == 1
+    assert index.cached_tokens(w, hashes) == 12 and index.kind == "events" and index.source(w.url) == "events"
+    removed = kv_events.BlockRemoved(block_hashes=[maybe_convert_block_hash(hashes[1])], medium="GPU")
+    apply_batch(index, w.url, _vllm_batch([removed]))
+    assert index.cached_tokens(w, hashes) == 4  # the chain breaks at the evicted block
+    apply_batch(index, w.url, _vllm_batch([kv_events.AllBlocksCleared()]))
+    assert index.cached_tokens(w, hashes) == 0
+    with pytest.raises(ValueError):
+        apply_batch(index, w.url, b"\xc1 not msgpack")
+
+
+async def test_the_router_subscribes_to_each_workers_events():
+    """A PUB socket where a worker publishes (its port + the offset): the subscriber applies what
+    it sends; a sequence number that goes back (the worker restarted) clears the worker."""
+    kv_events = pytest.importorskip("vllm.distributed.kv_events")
+    import asyncio
+
+    import zmq
+    import zmq.asyncio
+
+    from dpd.router.kvevents import KvEvents
+    from dpd.router.pools import Pool
+
+    index = PrefixIndex(block_size=4, max_blocks=100, load_weight_tokens=0)
+    context = zmq.asyncio.Context()
+    pub = context.socket(zmq.PUB)
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    worker = Worker("decode-0", f"http://127.0.0.1:{port - 1000}", "decode")
+    pool = Pool("decode", [worker])
+    events = KvEvents(lambda: index, [pool], port_offset=1000)
+    events.start()
+    hashes = index.hashes(list(range(8)))
+    stored = kv_events.BlockStored(block_hashes=[int.from_bytes(h[-8:], "big") for h in hashes], parent_block_hash=None,
+                                   token_ids=list(range(8)), block_size=4, lora_id=None, medium="GPU", lora_name=None)
+    try:
+        for seq in range(5, 55):  # a SUB socket joins late: publish until it has seen one
+            await pub.send_multipart([b"kv-events", seq.to_bytes(8, "big"), _vllm_batch([stored])])
+            await asyncio.sleep(0.05)
+            if index.cached_tokens(worker, hashes):
+                break
+        assert index.cached_tokens(worker, hashes) == 8 and index.source(worker.url) == "events"
+        await pub.send_multipart([b"kv-events", (0).to_bytes(8, "big"), _vllm_batch([])])  # restarted
+        for _ in range(40):
+            await asyncio.sleep(0.05)
+            if not index.cached_tokens(worker, hashes):
+                break
+        assert index.cached_tokens(worker, hashes) == 0
+    finally:
+        await events.stop()
+        pub.close(linger=0)
+        context.term()

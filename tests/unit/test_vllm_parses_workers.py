@@ -155,3 +155,23 @@ def test_tracing_reaches_every_worker_vllm_accepts_it(vllm_parse, tmp_path):
         assert {"name": "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "value": "http/protobuf"} in container["env"]
     policy = next(d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"].endswith("workers"))
     assert {"ports": [{"port": 4318, "protocol": "TCP"}]} in policy["spec"]["egress"]
+
+
+def test_prefix_aware_workers_publish_kv_events_vllm_accepts_it(vllm_parse, tmp_path):
+    """Issue 14: with prefix-aware routing on, each worker publishes vLLM's KV-cache events on its
+    HTTP port + kvEventsPortOffset — on loopback locally (the events carry token ids), on the pod's
+    addresses on a cluster."""
+    document = yaml.safe_load(Path("examples/gpu-8x.yaml").read_text())
+    document["spec"]["pdSpec"].setdefault("router", {})["prefixAware"] = {"enabled": True}
+    path = tmp_path / "prefix.yaml"
+    path.write_text(yaml.safe_dump(document))
+    _, plans = planned(str(path))
+    for plan in plans:
+        namespace, engine = vllm_parse(plan.command[3:])
+        assert engine.kv_events_config.enable_kv_cache_events
+        assert engine.kv_events_config.endpoint == f"tcp://127.0.0.1:{plan.port + 1000}"
+        assert engine.kv_events_config.topic == "kv-events"
+    for worker in rendered_workers(str(path)):
+        container = worker["spec"]["template"]["spec"]["containers"][0]
+        _, engine = vllm_parse(container["args"])
+        assert engine.kv_events_config.endpoint.startswith("tcp://*:")
