@@ -330,6 +330,16 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from dpd.sim.plan import best, render_config, search, table
     from dpd.sim.profile import Profile
 
+    if args.check:
+        from dpd.sim.check import check
+        from dpd.sim.check import table as check_table
+
+        try:
+            print(check_table(check(args.check, Profile.load(args.profile).engine)))
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"dpd plan --check: {exc}", file=sys.stderr)
+            return 2
+        return 0
     try:
         profile = Profile.load(args.profile)
         workload = "synthetic" if args.trace == "synthetic" else "trace"
@@ -605,6 +615,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--price-per-worker-hour", type=float, help="adds cost per million output tokens")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="planned-endpoint.yaml", help="where the recommended config is written")
+    p.add_argument("--check", metavar="LADDER_RESULTS", help="instead: the simulator against a `dpd bench ladder` "
+                   "results.json (predicted vs measured, per run)")
     p.set_defaults(func=_cmd_plan)
 
     p = sub.add_parser("keys", help="API keys: make one, or hash one for the config")

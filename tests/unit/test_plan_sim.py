@@ -137,3 +137,28 @@ def test_dpd_plan_end_to_end(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "dpd", "plan", "--profile", str(tmp_path / "none.json")],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "dpd plan:" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_the_simulator_is_checked_against_a_ladders_runs(tmp_path):
+    """`dpd plan --check`: each run of a ladder results file replayed in the simulator."""
+    from dataclasses import asdict
+
+    from dpd.bench.ladder import LadderSpec
+    from dpd.bench.stats import RequestRecord
+    from dpd.bench.stats import Slo as BenchSlo
+    from dpd.sim.check import check, table
+
+    spec = LadderSpec(trace_dir="/nowhere", rates_rps=(0.5,), slo=BenchSlo(10, 0.2), workloads=("synthetic",),
+                      num_requests=10, max_prompt_tokens=512)
+    records = [asdict(RequestRecord(ttft_s=1.0 + i, e2e_s=3.0 + i, num_output_tokens=11, itls_s=[0.2] * 10, index=i))
+               for i in range(10)]
+    results = {"spec": {**asdict(spec), "slo": asdict(spec.slo)}, "workloads": {"synthetic": "x"},
+               "runs": [{"round": 0, "workload": "synthetic", "rate_rps": 0.5, "scenario": scenario, "records": records}
+                        for scenario in ("colocated", "dpd", "dpd-adaptive")]}
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(results))
+    rows = check(path, EngineProfile())
+    assert [r.scenario for r in rows] == ["colocated", "dpd", "dpd-adaptive"]
+    assert all(r.measured_attainment == 1.0 and 0 <= r.predicted_attainment <= 1 for r in rows)
+    assert rows[0].ttft_p50[1] == pytest.approx(5.5)  # the measured median of 1..10 s
+    assert "Attainment within 10 points in" in table(rows)

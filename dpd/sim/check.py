@@ -1,0 +1,103 @@
+"""The simulator against measurement: every run of a ``dpd bench ladder`` results file replayed
+in the simulator (the same requests, rate and policy, a profile of the same workers), predicted
+beside measured — the accuracy figures of ``dpd plan`` (docs/planning.md, BENCHMARKS.md).
+
+``dpd plan --check LADDER_RESULTS --profile P`` prints one row per run: SLO attainment
+predicted and measured (and the difference, in points), P50 and P99 TTFT and P99 ITL as
+predicted ÷ measured. The endpoint simulated is the ladder's: one prefill and one decode
+worker (two colocated workers for ``colocated``), the static split at the ladder's threshold
+(``dpd``), the adaptive policy at its floor (``dpd-adaptive``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from dpd.bench.ladder import LadderSpec, at_rate, request_set
+from dpd.bench.stats import RequestRecord, percentile
+from dpd.bench.stats import Slo as BenchSlo
+from dpd.router.adaptive import Slo
+from dpd.sim.engine import EngineProfile, SimEndpoint
+
+SHIPPED_TRACE = Path(__file__).resolve().parent.parent / "bench" / "traces" / "azure-llm-2023"
+POLICY = {"colocated": "colocated", "dpd": "threshold", "dpd-adaptive": "adaptive"}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    workload: str
+    scenario: str
+    rate_rps: float
+    measured_attainment: float
+    predicted_attainment: float
+    ttft_p50: tuple[float, float]  # (predicted, measured)
+    ttft_p99: tuple[float, float]
+    itl_p99: tuple[float, float]
+
+    @property
+    def attainment_error_points(self) -> float:
+        return 100 * (self.predicted_attainment - self.measured_attainment)
+
+
+def _spec(results: dict) -> LadderSpec:
+    s = dict(results["spec"])
+    s["slo"] = BenchSlo(**s["slo"])
+    s["rates_rps"] = tuple(s["rates_rps"])
+    s["workloads"] = tuple(s["workloads"])
+    s["scenarios"] = tuple(s["scenarios"])
+    s["workload_rates"] = tuple((w, tuple(r)) for w, r in s.get("workload_rates", ()))
+    if not Path(s["trace_dir"]).exists():  # measured from another checkout: the trace this one ships
+        s["trace_dir"] = str(SHIPPED_TRACE)
+    return LadderSpec(**s)
+
+
+def check(results_path: str | Path, profile: EngineProfile) -> list[Comparison]:
+    results = json.loads(Path(results_path).read_text())
+    spec = _spec(results)
+    slo = Slo(spec.slo.ttft_s, spec.slo.tpot_s)
+    sets = {w: request_set(spec, w)[0] for w in {r["workload"] for r in results["runs"]}}
+    out = []
+    for run in results["runs"]:
+        scenario = run["scenario"]
+        if scenario not in POLICY:
+            continue
+        trace = at_rate(sets[run["workload"]], run["rate_rps"])
+        policy = POLICY[scenario]
+        floor = spec.adaptive_floor_tokens if policy == "adaptive" else spec.threshold_tokens
+        sim = SimEndpoint(policy, num_prefill=1, num_decode=1, threshold_tokens=floor, profile=profile, slo=slo,
+                          floor_tokens=spec.adaptive_floor_tokens)
+        outcomes = sim.replay([(r.arrival_s, r.num_prompt_tokens, r.num_output_tokens) for r in trace])
+        records = [RequestRecord(**r) for r in run["records"]]
+        measured_ttft = [r.ttft_s if r.is_ok else float("inf") for r in records]
+        measured_itl = [g for r in records if r.is_ok for g in r.itls_s]
+        sim_gaps = [b - a for o in outcomes for a, b in zip(o.token_times, o.token_times[1:])]
+        sim_ttft = [o.ttft_s for o in outcomes]
+        out.append(Comparison(
+            run["workload"], scenario, run["rate_rps"],
+            sum(spec.slo.is_met(r) for r in records) / len(records), sum(o.meets(slo) for o in outcomes) / len(outcomes),
+            (percentile(sim_ttft, 0.5), percentile(measured_ttft, 0.5)),
+            (percentile(sim_ttft, 0.99), percentile(measured_ttft, 0.99)),
+            (percentile(sim_gaps, 0.99), percentile(measured_itl, 0.99)),
+        ))
+    return out
+
+
+def _ratio(pair: tuple[float, float]) -> str:
+    predicted, measured = pair
+    if not measured or measured != measured or predicted != predicted:
+        return "—"
+    return f"{predicted / measured:.2f}×"
+
+
+def table(rows: list[Comparison]) -> str:
+    lines = ["| workload | scenario | rate (req/s) | attainment predicted / measured (Δ points) | TTFT P50 pred ÷ meas | "
+             "TTFT P99 pred ÷ meas | ITL P99 pred ÷ meas |", "|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: (r.workload, r.scenario, r.rate_rps)):
+        lines.append(f"| {r.workload} | {r.scenario} | {r.rate_rps:g} | {r.predicted_attainment:.0%} / "
+                     f"{r.measured_attainment:.0%} ({r.attainment_error_points:+.0f}) | {_ratio(r.ttft_p50)} | "
+                     f"{_ratio(r.ttft_p99)} | {_ratio(r.itl_p99)} |")
+    within = sum(abs(r.attainment_error_points) <= 10 for r in rows)
+    lines.append(f"\nAttainment within 10 points in {within} of {len(rows)} runs.")
+    return "\n".join(lines)
