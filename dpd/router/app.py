@@ -307,7 +307,7 @@ class Router:
             with trace.span("decide") as hop:
                 decision = self.routing.decide(num_prompt_tokens, max_tokens, self.prefill, self.decode, tenant_name,
                                                prefix_hashes)
-                hop.end(**{"dpd.path": decision.path.value, "dpd.reason": decision.reason.value})
+                hop.end(attributes={"dpd.path": decision.path.value, "dpd.reason": decision.reason.value})
             trace.set(**{"dpd.prompt_tokens": num_prompt_tokens, "dpd.tenant": tenant_name, "dpd.class": slo_class.name,
                          "dpd.reason": decision.reason.value})
             self.metrics.decisions.labels(decision.path.value, decision.reason.value).inc()

@@ -344,7 +344,7 @@ class PdFlow:
             _, outcome = result = await self._prefill_hop_request(ctx, worker, hop.headers)
             return result
         finally:
-            hop.end(sys.exc_info()[1], **{"dpd.hop_outcome": outcome.value if outcome else None})
+            hop.end(sys.exc_info()[1], {"dpd.hop_outcome": outcome.value if outcome else None})
 
     async def _prefill_hop_request(self, ctx: RequestContext, worker: Worker,
                                    trace_headers: dict[str, str]) -> tuple[dict[str, Any] | None, HopOutcome]:

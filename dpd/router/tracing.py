@@ -39,10 +39,10 @@ class Hop:
         self._span = span
         self.headers = headers or {}
 
-    def end(self, error: BaseException | None = None, **attributes: Any) -> None:
+    def end(self, error: BaseException | None = None, attributes: Mapping[str, Any] | None = None) -> None:
         if self._span is None:
             return
-        for key, value in attributes.items():
+        for key, value in (attributes or {}).items():
             if value is not None:
                 self._span.set_attribute(key, value)
         if error is not None:

@@ -34,8 +34,17 @@ import requests
 
 from dpd.sim.engine import EngineProfile
 
-QUICK = {"prompts": (64, 256, 512), "batches": (1, 4, 8), "repeats": 2, "decode_tokens": 32}
-FULL = {"prompts": (64, 256, 512, 1024, 2048), "batches": (1, 2, 4, 8, 16, 32), "repeats": 3, "decode_tokens": 64}
+
+@dataclass(frozen=True)
+class Plan:
+    prompts: tuple[int, ...]  # prompt lengths of the prefill points
+    batches: tuple[int, ...]  # concurrent streams of the decode points
+    repeats: int  # requests per prefill point
+    decode_tokens: int  # tokens per decode stream
+
+
+QUICK = Plan(prompts=(64, 256, 512), batches=(1, 4, 8), repeats=2, decode_tokens=32)
+FULL = Plan(prompts=(64, 256, 512, 1024, 2048), batches=(1, 2, 4, 8, 16, 32), repeats=3, decode_tokens=64)
 
 
 @dataclass(frozen=True)
@@ -136,22 +145,22 @@ def measure(worker_url: str, *, mode: str = "quick", router_url: str | None = No
     notes = []
     seed = int(time.time())
     progress(f"profile: warming up {client.url} ({client.model})")
-    client.complete(client.prompt(max(plan["prompts"]), seed), 1)
+    client.complete(client.prompt(max(plan.prompts), seed), 1)
     xs, ys = [], []
-    for n in plan["prompts"]:
-        for _ in range(plan["repeats"]):
+    for n in plan.prompts:
+        for _ in range(plan.repeats):
             seed += 1
             ys.append(client.complete(client.prompt(n, seed), 1))
             xs.append(float(n))
-        progress(f"profile: prefill {n} tokens: {statistics.fmean(ys[-plan['repeats']:]):.3f} s")
+        progress(f"profile: prefill {n} tokens: {statistics.fmean(ys[-plan.repeats:]):.3f} s")
     _, slope = fit_line(xs, ys)
     prefill_rate = 1 / slope if slope > 0 else float("inf")
     batch_x, gap_y = [], []
-    for b in plan["batches"]:
+    for b in plan.batches:
         seed += 1
         prompts = [client.prompt(8, seed * 100 + i) for i in range(b)]
         with ThreadPoolExecutor(b) as pool:
-            results = list(pool.map(lambda p: client.stream_gaps(p, plan["decode_tokens"]), prompts))
+            results = list(pool.map(lambda p: client.stream_gaps(p, plan.decode_tokens), prompts))
         gaps = sorted(g for r in results for g in r)
         mid = gaps[len(gaps) // 4: 3 * len(gaps) // 4] or gaps  # the middle half: ramp-up and tail out
         batch_x.append(float(b))
