@@ -6,9 +6,13 @@ ENGINE ?= $(or $(DPD_ENGINE),auto)
 export DPD_ENGINE := $(ENGINE)
 DPD := $(VENV)/bin/dpd
 
-.PHONY: install serve colocated lint test test-unit
+.PHONY: install test-tools serve colocated lint test test-unit
 install:
 	@scripts/install.sh
+
+# What only the tests need: Debian's prometheus and promtool (skipped, never fatal, without apt or root).
+test-tools:
+	@scripts/install.sh test-tools
 
 serve: install
 	$(DPD) serve $(CONFIG)
@@ -21,8 +25,8 @@ lint: install
 	$(VENV)/bin/ruff check dpd tests
 	$(VENV)/bin/mypy
 
-test: install lint
+test: install test-tools lint
 	$(VENV)/bin/python -m pytest -v -rs $(PYTEST_ARGS)
 
-test-unit: install lint
+test-unit: install test-tools lint
 	$(VENV)/bin/python -m pytest -v tests/unit $(PYTEST_ARGS)

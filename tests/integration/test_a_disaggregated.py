@@ -9,6 +9,8 @@ The endpoint starts once for the module (~2.5 min on 2 cores). Steps, in file or
   6. a client disconnect aborts the request on the worker
   7. kill -9 of the prefill worker under load: nothing fails, long prompts fall back, the
      breaker opens, the worker restarts, the breaker closes and it takes disaggregated traffic
+  7b. a real Prometheus scrapes this endpoint under a short load: every dashboard query and
+     alerting rule evaluates (test_e_prometheus.py, run here on this endpoint)
   8. resilience (test_resilience.py, run here on this endpoint): a bad-input battery and a
      fuzz run (no 5xx), 5x overload shed with 429s, a soak, kill -9 of the decoder mid-stream (its requests
      continue on the prefill worker),
@@ -461,6 +463,9 @@ def test_kill_prefill_worker_under_load(endpoint, client, make_prompt, capsys):
     assert raw.headers["x-dpd-path"] == "disaggregated"
     assert worker_state(endpoint, "prefill-0")["breaker"] == "closed"
     assert "prefill-0 exited" in endpoint.log_tail(400)
+
+
+from tests.integration.test_e_prometheus import *  # noqa: E402,F403  (step 7b: a real Prometheus on this endpoint)
 
 
 def worker_state(endpoint, name: str) -> dict:

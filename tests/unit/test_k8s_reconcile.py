@@ -381,3 +381,24 @@ async def test_the_webhook_gets_a_certificate_the_api_server_can_verify(monkeypa
     finally:
         listener.close()
         await listener.wait_closed()
+
+
+async def test_the_operator_applies_the_dashboard_and_leaves_the_prometheus_rule_to_render():
+    """Issue 15: where prometheus-operator's CRDs are not installed a PrometheusRule cannot be
+    created, and one failed create would fail the whole reconcile; the dashboard's ConfigMap needs
+    nothing installed. So the operator applies the ConfigMap, never the rule (`dpd render` prints it)."""
+    api = FakeApiServer()
+    # step 1: the dashboard's ConfigMap is created; no PrometheusRule is even looked up
+    _, actions = await reconcile(api, resource())
+    assert f"create {CONFIGMAPS}/smollm2-minimal-dashboard" in actions
+    assert not [p for p in api.objects if "prometheusrules" in p]
+    dashboard = await api.get(f"{CONFIGMAPS}/smollm2-minimal-dashboard")
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    # step 2: nothing changed: nothing written (the dashboard is deterministic)
+    api.writes.clear()
+    _, actions = await reconcile(api, resource())
+    assert actions == []
+    # step 3: metrics turned off: the dashboard's ConfigMap is deleted
+    _, actions = await reconcile(api, resource(metrics={"enabled": False}))
+    assert f"delete {CONFIGMAPS}/smollm2-minimal-dashboard" in actions
+    assert await api.get(f"{CONFIGMAPS}/smollm2-minimal-dashboard") is None

@@ -3,6 +3,7 @@
 Goldens live in tests/unit/golden/; regenerate them with ``DPD_UPDATE_GOLDEN=1``.
 """
 
+import hashlib
 import json
 import os
 import random
@@ -23,6 +24,7 @@ from tests.unit.k8s_schema import errors
 EXAMPLES = sorted(Path("examples").glob("*.yaml"))
 GOLDEN = Path(__file__).parent / "golden"
 K8S_VERSION = "1.33.0"
+DURATION = {"type": "string", "pattern": "^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"}
 # prometheus-operator's ServiceMonitor CRD is not in kubernetes-validate. This is the subset of
 # its monitoring.coreos.com/v1 schema for the fields dpd writes (required ones, types, enums).
 SERVICE_MONITOR_SCHEMA = {
@@ -42,10 +44,7 @@ SERVICE_MONITOR_SCHEMA = {
                 },
                 "endpoints": {"type": "array", "minItems": 1, "items": {"type": "object", "additionalProperties": False, "properties": {
                     "port": {"type": "string"}, "path": {"type": "string"},
-                    "interval": {
-                        "type": "string",
-                        "pattern": "^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$",
-                    },
+                    "interval": DURATION,
                 }}},
             },
         },
@@ -53,8 +52,54 @@ SERVICE_MONITOR_SCHEMA = {
 }
 
 
+# PrometheusRule (monitoring.coreos.com/v1): the subset of its schema for the fields dpd writes.
+PROMETHEUS_RULE_SCHEMA = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"enum": ["monitoring.coreos.com/v1"]},
+        "kind": {"enum": ["PrometheusRule"]},
+        "metadata": {"type": "object", "required": ["name"]},
+        "spec": {"type": "object", "additionalProperties": False, "properties": {"groups": {
+            "type": "array", "items": {"type": "object", "required": ["name", "rules"], "additionalProperties": False, "properties": {
+                "name": {"type": "string", "minLength": 1},
+                "rules": {"type": "array", "items": {
+                    "type": "object", "required": ["expr"], "additionalProperties": False, "properties": {
+                        "alert": {"type": "string"}, "record": {"type": "string"},
+                        "expr": {"type": "string", "minLength": 1},
+                        "for": DURATION,
+                        "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                        "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+                    }}},
+            }}}}},
+    },
+}
+OPERATOR_SCHEMAS = {"ServiceMonitor": SERVICE_MONITOR_SCHEMA, "PrometheusRule": PROMETHEUS_RULE_SCHEMA}
+
+
+def validate(obj):
+    """Against Kubernetes' own schema, or prometheus-operator's subset for its kinds."""
+    if obj["kind"] in OPERATOR_SCHEMAS:
+        assert errors(OPERATOR_SCHEMAS[obj["kind"]], obj) == []
+    else:
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
 def rendered(example):
     return render(yaml.safe_load(Path(example).read_text()))
+
+
+def golden_view(objects):
+    """The objects as the goldens keep them: the dashboard's JSON (some 34 kB, the same in every
+    render but for its uid, title and job) as its size and digest; test_observe.py checks it."""
+    view = []
+    for obj in objects:
+        if obj["kind"] == "ConfigMap" and obj["metadata"]["labels"].get("grafana_dashboard") == "1":
+            digests = {k: f"<dashboard JSON: {len(v)} bytes, sha256 {hashlib.sha256(v.encode()).hexdigest()[:16]}>"
+                       for k, v in obj["data"].items()}
+            obj = {**obj, "data": digests}
+        view.append(obj)
+    return view
 
 
 def by_kind(objects, kind, name_suffix=""):
@@ -75,17 +120,15 @@ def env(c):
 def test_every_object_validates_against_kubernetes_schemas(example):
     objects = rendered(example)
     for obj in objects:
-        if obj["kind"] == "ServiceMonitor":
-            assert errors(SERVICE_MONITOR_SCHEMA, obj) == []
-        else:
-            kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+        validate(obj)
     kinds = {o["kind"] for o in objects}
-    assert {"Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy", "ServiceMonitor", "ConfigMap", "Role"} <= kinds
+    assert {"Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy", "ServiceMonitor", "ConfigMap", "Role",
+            "PrometheusRule"} <= kinds
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
 def test_golden(example):
-    text = to_yaml(rendered(example))
+    text = to_yaml(golden_view(rendered(example)))
     golden = GOLDEN / f"render-{example.stem}.yaml"
     if os.environ.get("DPD_UPDATE_GOLDEN"):
         golden.write_text(text)
@@ -207,8 +250,7 @@ def test_secrets_leave_the_configmap_for_a_secret():
     router = by_kind(objects, "Deployment", "-router")["spec"]["template"]["spec"]
     assert {"name": "secrets", "secret": {"secretName": "smollm2-minimal-secrets"}} in router["volumes"]
     for obj in objects:
-        if obj["kind"] != "ServiceMonitor":
-            kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+        validate(obj)
     assert not [o for o in rendered("examples/minimal.yaml") if o["kind"] == "Secret"]
 
 
@@ -305,8 +347,7 @@ def test_a_tenants_dedicated_workers_are_a_deployment_and_service_of_their_own()
     Deployment keeps the rest; no selector of one group matches another group's pods."""
     objects = render(with_tenants())
     for obj in objects:
-        if obj["kind"] != "ServiceMonitor":
-            kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+        validate(obj)
     base = with_tenants()["metadata"]["name"]
     deployments = {o["metadata"]["name"]: o for o in objects if o["kind"] == "Deployment"}
     assert {n: d["spec"].get("replicas") for n, d in deployments.items() if "router" not in n} == {
@@ -461,3 +502,50 @@ def test_workers_require_the_routers_key_and_talk_only_to_peers(example):
     assert prometheus["namespaceSelector"] == {"matchLabels": {"dpd.dev/scrape": "true"}}  # not every namespace
     assert policy["egress"][0] == {"to": [{"podSelector": policy["ingress"][0]["from"][0]["podSelector"]}]}
     assert all("to" in rule or rule["ports"] == [{"port": 443, "protocol": "TCP"}] for rule in policy["egress"])
+
+
+# -- monitoring: the dashboard for Grafana's sidecar, the alerts as a PrometheusRule (issue 15) --
+
+
+def test_the_dashboard_ships_in_a_configmap_for_grafanas_sidecar():
+    """One dashboard per endpoint: the sidecar's label, a file name and a uid of its own (a
+    same-named endpoint elsewhere gets another), its router's job preselected — the job the
+    ServiceMonitor gives the router Service's targets."""
+    from dpd.k8s.monitoring import dashboard_uid, router_job
+    from dpd.observe.dashboard import dashboard
+
+    objects = rendered("examples/gpu-rdma.yaml")  # llama-8b in namespace inference
+    config_map = by_kind(objects, "ConfigMap", "-dashboard")
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    (file_name, text), = config_map["data"].items()
+    assert file_name == "dpd-inference-llama-8b.json"
+    uid = dashboard_uid("llama-8b", "inference")
+    assert json.loads(text) == dashboard(uid=uid, title="dpd: inference/llama-8b", job="llama-8b-router")
+    assert len(uid) <= 40 and uid != dashboard_uid("llama-8b", "other") != dashboard_uid("llama-8b", None)
+    router_service = by_kind(objects, "Service", "-router")
+    assert router_service["metadata"]["name"] == router_job("llama-8b")
+    assert router_service["metadata"]["labels"]["dpd.dev/metrics"] == "true"  # what the ServiceMonitor selects
+    # kubectl apply keeps a copy in an annotation (256 kB for all of them).
+    assert len(text) < 100_000
+
+
+def test_the_alerts_ship_as_a_prometheus_rule_scoped_to_the_endpoint():
+    from dpd.observe.alerts import alert_rules
+
+    rule = by_kind(rendered("examples/gpu-rdma.yaml"), "PrometheusRule", "-alerts")
+    assert rule["spec"]["groups"] == alert_rules(scope='job="llama-8b-router",namespace="inference"')
+    expressions = [r["expr"] for group in rule["spec"]["groups"] for r in group["rules"]]
+    for expr in expressions:  # every series it reads is this endpoint's router's
+        selectors = [part for part in expr.replace("(", " ").split() if part.startswith(("dpd_", "up{"))]
+        assert selectors and all('{job="llama-8b-router",namespace="inference"' in s for s in selectors), expr
+    without_namespace = by_kind(rendered("examples/minimal.yaml"), "PrometheusRule", "-alerts")  # no metadata.namespace
+    assert any('dpd_worker_healthy{job="smollm2-minimal-router"}' in r["expr"]
+               for group in without_namespace["spec"]["groups"] for r in group["rules"])
+
+
+def test_metrics_disabled_renders_no_monitoring_objects():
+    document = yaml.safe_load(Path("examples/minimal.yaml").read_text())
+    document["spec"]["metrics"] = {"enabled": False}
+    objects = render(document)
+    assert not [o for o in objects if o["kind"] in ("ServiceMonitor", "PrometheusRule")]
+    assert not [o for o in objects if o["metadata"]["name"].endswith("-dashboard")]
