@@ -187,13 +187,15 @@ def test_every_dashboard_query_and_alert_evaluates_on_a_real_prometheus(promethe
     values = {name: [float(r["value"][1]) for r in result] for name, result in results.items()}
     assert values["goodput"][0] > 0, values  # the short requests meet the default SLO
     assert sum(values["decisions"]) > 0, values
-    assert all(math.isfinite(v) and v > 0 for v in values["ttft_p99"]), values
-    paths = {r["metric"]["path"] for r in results["ttft_p99"]}
-    assert {"direct", "disaggregated"} <= paths, paths
+    # A path with no request inside the window (the fallbacks of an earlier step on a shared
+    # endpoint) has a quantile of NaN: only the paths this load used must be finite.
+    p99 = {r["metric"]["path"]: float(r["value"][1]) for r in results["ttft_p99"]}
+    paths = {path for path, v in p99.items() if math.isfinite(v) and v > 0}
+    assert {"direct", "disaggregated"} <= paths, p99
     workers = {r["metric"]["worker"] for r in results["queued_prefill_tokens"]}
     assert len(workers) >= 2, workers  # both workers, idle or not
     print(f"\n[prometheus] {len(queries())} dashboard queries and {len(expressions())} alerts evaluated; "
-          f"goodput {values['goodput'][0]:.2f} req/s, TTFT P99 {dict(zip(sorted(paths), values['ttft_p99']))}")
+          f"goodput {values['goodput'][0]:.2f} req/s, TTFT P99 {p99}")
 
 
 def test_prometheus_loads_the_rule_groups_healthy(prometheus, loaded):
