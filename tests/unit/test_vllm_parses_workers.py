@@ -43,6 +43,15 @@ def rendered_workers(path):
     return [d for d in docs if d["spec"]["template"]["spec"]["containers"][0]["name"] == "vllm"]
 
 
+def gpu_8x_with_router(tmp_path, **router) -> tuple[dict, Path]:
+    """examples/gpu-8x.yaml with these ``router`` fields, and the file it was written to."""
+    document = yaml.safe_load(Path("examples/gpu-8x.yaml").read_text())
+    document["spec"]["pdSpec"].setdefault("router", {}).update(router)
+    path = tmp_path / "endpoint.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return document, path
+
+
 def test_there_are_gpu_examples():
     assert len(GPU_EXAMPLES) >= 3, GPU_EXAMPLES
 
@@ -137,11 +146,8 @@ def test_examples_render_as_yaml():
 def test_tracing_reaches_every_worker_vllm_accepts_it(vllm_parse, tmp_path):
     """Issue 15: router.tracing on → every worker, planned or rendered, exports to the same
     collector over OTLP/HTTP, and the workers' egress policy lets it."""
-    document = yaml.safe_load(Path("examples/gpu-8x.yaml").read_text())
     collector = "http://otel-collector.monitoring:4318/v1/traces"
-    document["spec"]["pdSpec"].setdefault("router", {})["tracing"] = {"otlpEndpoint": collector}
-    path = tmp_path / "traced.yaml"
-    path.write_text(yaml.safe_dump(document))
+    document, path = gpu_8x_with_router(tmp_path, tracing={"otlpEndpoint": collector})
     _, plans = planned(str(path))
     for plan in plans:
         namespace, _ = vllm_parse(plan.command[3:])
@@ -161,10 +167,7 @@ def test_prefix_aware_workers_publish_kv_events_vllm_accepts_it(vllm_parse, tmp_
     """Issue 14: with prefix-aware routing on, each worker publishes vLLM's KV-cache events on its
     HTTP port + kvEventsPortOffset — on loopback locally (the events carry token ids), on the pod's
     addresses on a cluster."""
-    document = yaml.safe_load(Path("examples/gpu-8x.yaml").read_text())
-    document["spec"]["pdSpec"].setdefault("router", {})["prefixAware"] = {"enabled": True}
-    path = tmp_path / "prefix.yaml"
-    path.write_text(yaml.safe_dump(document))
+    _, path = gpu_8x_with_router(tmp_path, prefixAware={"enabled": True})
     _, plans = planned(str(path))
     for plan in plans:
         namespace, engine = vllm_parse(plan.command[3:])
