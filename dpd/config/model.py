@@ -238,8 +238,9 @@ class PrefixAwareSpec(_Frozen):
     kvEvents: bool = Field(default=True, description="Workers publish vLLM's KV-cache events (ZMQ) and the index "
                            "follows them (stores, evictions, restarts); a worker without events keeps the router's "
                            "approximate record of what it routed there.")
-    kvEventsPortOffset: int = Field(default=1000, ge=1, le=30000, description="A worker publishes its events on its HTTP "
-                                    "port plus this (loopback on one machine; the pod's address on a cluster).")
+    kvEventsPortOffset: int = Field(default=1000, ge=1, le=30000, description="On a cluster a worker publishes its "
+                                    "events on its HTTP port plus this; on one machine on a Unix socket in the run "
+                                    "directory.")
 
 
 SLO_CLASS_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,31}$"

@@ -50,6 +50,7 @@ class WorkerPlan:
     command: tuple[str, ...]
     env: tuple[tuple[str, str], ...]
     gpus: tuple[str, ...] = ()  # GPU workers: its GPUs (CUDA_VISIBLE_DEVICES)
+    events_endpoint: str | None = None  # where it publishes KV-cache events (prefix-aware routing), else None
 
     @property
     def url(self) -> str:
@@ -271,8 +272,25 @@ def tracing_port(config: InferenceEndpointConfig) -> int | None:
     return parsed.port or (443 if parsed.scheme == "https" else 80)
 
 
+RUN_DIR_PLACEHOLDER = "$RUN_DIR"  # the run directory in a plan printed before it exists (--dry-run)
+
+
+def kv_events_endpoint(config: InferenceEndpointConfig, *, host: str, port: int, events_dir: str) -> str | None:
+    """Where the worker serving on ``host:port`` publishes its KV-cache events, or None without
+    prefix-aware routing's events. vLLM's publisher *binds* only a wildcard TCP address or an
+    ``ipc://`` path and connects to anything else, so: on a cluster (a wildcard host) the pod's
+    port + ``kvEventsPortOffset``; on one machine a Unix socket in ``events_dir`` (the run
+    directory, private to the user: the events carry token ids)."""
+    prefix = config.spec.pdSpec.router.prefixAware
+    if not (prefix.enabled and prefix.kvEvents):
+        return None
+    if host in ("0.0.0.0", "::", "*"):
+        return f"tcp://*:{port + prefix.kvEventsPortOffset}"
+    return f"ipc://{events_dir}/kv-events-{port}"
+
+
 def vllm_args(config: InferenceEndpointConfig, pool: PoolSpec, *, model: str, host: str, port: int,
-              kv_role: str | None, is_gpu: bool = False) -> list[str]:
+              kv_role: str | None, is_gpu: bool = False, events_dir: str = RUN_DIR_PLACEHOLDER) -> list[str]:
     """The vLLM server arguments of one worker, before the pool's own ``args`` — the one
     builder the local launcher and the Kubernetes renderer share."""
     spec = config.spec
@@ -294,11 +312,9 @@ def vllm_args(config: InferenceEndpointConfig, pool: PoolSpec, *, model: str, ho
         args += ["--revision", source.revision]
     if (kv_config := worker_kv_config(config, kv_role, is_gpu)) is not None:
         args += ["--kv-transfer-config", json.dumps(kv_config, separators=(",", ":"), sort_keys=True)]
-    prefix = spec.pdSpec.router.prefixAware
-    if prefix.enabled and prefix.kvEvents:  # the router's prefix index follows the engine (router/kvevents.py)
-        bind = "*" if host in ("0.0.0.0", "::") else host  # loopback on one machine: events carry token ids
-        events = {"enable_kv_cache_events": True, "publisher": "zmq", "topic": "kv-events",
-                  "endpoint": f"tcp://{bind}:{port + prefix.kvEventsPortOffset}"}
+    # The router's prefix index follows the engine (router/kvevents.py).
+    if (endpoint := kv_events_endpoint(config, host=host, port=port, events_dir=events_dir)) is not None:
+        events = {"enable_kv_cache_events": True, "publisher": "zmq", "topic": "kv-events", "endpoint": endpoint}
         args += ["--kv-events-config", json.dumps(events, separators=(",", ":"), sort_keys=True)]
     if (collector := spec.pdSpec.router.tracing.otlpEndpoint) is not None:
         args += ["--otlp-traces-endpoint", collector]  # the router's traceparent makes its spans children of the hop's
@@ -356,8 +372,10 @@ def plan_workers(
     python: str = sys.executable,
     has_native_bf16: bool | None = None,
     devices: Devices | None = None,
+    events_dir: str = RUN_DIR_PLACEHOLDER,
 ) -> list[WorkerPlan]:
-    """The workers of ``config``; ``devices`` from ``choose_devices`` (default: CPU workers)."""
+    """The workers of ``config``; ``devices`` from ``choose_devices`` (default: CPU workers);
+    ``events_dir`` the directory of the workers' KV-event sockets (the run directory)."""
     spec = config.spec
     devices = devices or Devices("cpu")
     is_gpu = devices.kind == "gpu"
@@ -385,7 +403,7 @@ def plan_workers(
             worker_cores, worker_gpus = core_sets[index], gpu_sets[index]
             command = [python, "-m", "vllm.entrypoints.openai.api_server",
                        *vllm_args(config, pool, model=model_path, host="127.0.0.1", port=port, kv_role=kv_role,
-                                  is_gpu=is_gpu),
+                                  is_gpu=is_gpu, events_dir=events_dir),
                        *dtype_args(pool.args, has_native_bf16), *pool.args]
             device_env = ({"CUDA_VISIBLE_DEVICES": ",".join(worker_gpus)} if is_gpu else {
                 "VLLM_CPU_KVCACHE_SPACE": f"{pool.kvCacheGiB:g}",
@@ -410,6 +428,7 @@ def plan_workers(
                     command=tuple(command),
                     env=tuple(sorted(env.items())),
                     gpus=worker_gpus,
+                    events_endpoint=kv_events_endpoint(config, host="127.0.0.1", port=port, events_dir=events_dir),
                 )
             )
             index += 1

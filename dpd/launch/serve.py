@@ -18,9 +18,11 @@ import logging
 import os
 import secrets
 import shlex
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import TextIO
@@ -59,12 +61,15 @@ def _check_ports_free(host: str, ports: dict[int, str]) -> None:
                 raise LaunchError(f"port {port} ({what}) is already in use; change it in the config") from None
 
 
+MAX_SOCKET_DIR_LEN = 80  # a Unix socket's path is at most 107 bytes; "/kv-events-PORT" takes 16 of them
+
+
 def make_run_dir(config: InferenceEndpointConfig) -> Path:
     if config.spec.pdSpec.local.runDir:
         run_dir = Path(config.spec.pdSpec.local.runDir)
     else:
         run_dir = cache_root() / "runs" / time.strftime("%Y%m%d-%H%M%S")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # private when created here: logs and event sockets carry prompts
     return run_dir
 
 
@@ -84,6 +89,7 @@ class Endpoint:
         self.worker_key: str | None = None  # set when the workers start
         # Drain support (the admin API's WorkerControl): parked workers stay stopped until resumed.
         self._parked: dict[str, asyncio.Event] = {}
+        self._temp_socket_dir: Path | None = None  # the KV-event sockets' directory when the run dir's path is too long
         self._restart_now: set[str] = set()
 
     def say(self, message: str) -> None:
@@ -115,7 +121,9 @@ class Endpoint:
         model_path = await asyncio.to_thread(resolve_model, spec.modelSourceConfig)
         if self._stop.is_set():  # Ctrl-C while the model was being prepared
             return 130
-        plans = plan_workers(self.config, model_path, is_colocated=self.is_colocated, devices=devices)
+        run_dir = make_run_dir(self.config)
+        plans = plan_workers(self.config, model_path, is_colocated=self.is_colocated, devices=devices,
+                             events_dir=str(self._socket_dir(run_dir)))
         ports = {p.port: f"{p.name} HTTP" for p in plans}
         if not self.is_colocated:
             ports.update({p.side_channel_port: f"{p.name} NIXL side channel" for p in plans})
@@ -125,7 +133,6 @@ class Endpoint:
         _check_ports_free("127.0.0.1", ports)
         if oversubscribed(plans):
             self.say("warning: more worker cores requested than this machine has; workers share cores")
-        run_dir = make_run_dir(self.config)
         self.say(f"mode: {'colocated' if self.is_colocated else 'disaggregated'}; worker logs in {run_dir}")
         pd = self.config.spec.pdSpec
         if any("float32" in plan.command for plan in plans) and "float32" not in pd.prefillSpec.args + pd.decodingSpec.args:
@@ -192,7 +199,16 @@ class Endpoint:
             prefill_names=tuple(p.name for p in prefill), decode_names=tuple(p.name for p in decode),
             is_colocated=self.is_colocated, worker_api_key=self.worker_key,
             kv_block_size=kv_block_size(self.config, any(p.gpus for p in plans)),
+            kv_events_endpoints=tuple((p.url, p.events_endpoint) for p in plans if p.events_endpoint),
         )
+
+    def _socket_dir(self, run_dir: Path) -> Path:
+        """Where the workers' KV-event sockets go: the run directory, or a private temporary one
+        when its path is too long for a Unix socket (removed at shutdown)."""
+        if len(str(run_dir.resolve())) <= MAX_SOCKET_DIR_LEN:
+            return run_dir.resolve()
+        self._temp_socket_dir = Path(tempfile.mkdtemp(prefix="dpd-"))  # 0700
+        return self._temp_socket_dir
 
     async def _wait_healthy(self, timeout_s: float) -> bool:
         started = time.monotonic()
@@ -308,6 +324,8 @@ class Endpoint:
             self.say(f"stopping {len(self._workers)} worker(s)")
             await asyncio.gather(*(w.stop() for w in self._workers))
             self.say("all workers stopped")
+        if self._temp_socket_dir is not None:
+            shutil.rmtree(self._temp_socket_dir, ignore_errors=True)
 
 
 def serve(config: InferenceEndpointConfig, *, is_colocated: bool = False) -> int:

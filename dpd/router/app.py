@@ -98,6 +98,9 @@ class RouterSettings:
     kv_lease_s: float = KvTransferSpec.model_fields["kvLeaseDurationS"].default
     # The workers' KV block size, for the prefix index (launch.plan.kv_block_size).
     kv_block_size: int = 16
+    # Where each worker (by URL) publishes its KV-cache events, as the launcher planned them;
+    # a worker not named here is reached at its HTTP port + kvEventsPortOffset (a cluster).
+    kv_events_endpoints: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def for_endpoint(cls, endpoint: EndpointSpec, *, tokenizer_path: str, router: RouterSpec | None = None,
@@ -196,7 +199,8 @@ class Router:
         prefix = self.settings.spec.prefixAware
         if prefix.enabled and prefix.kvEvents:
             self.kv_events = KvEvents(lambda: self.routing.prefix_index if self.routing.prefix_active else None,
-                                      [self.prefill, self.decode], prefix.kvEventsPortOffset)
+                                      [self.prefill, self.decode], prefix.kvEventsPortOffset,
+                                      endpoints=dict(self.settings.kv_events_endpoints))
             self.kv_events.start()
         self.kv_watch = KvWatch([self.prefill, self.decode], self._session, self.metrics, KV_WATCH_INTERVAL_S)
         await self.kv_watch.scrape_once()  # the baseline

@@ -1,8 +1,9 @@
 """The engine's own account of its prefix cache: vLLM's KV-cache events, read by the router.
 
 With prefix-aware routing on, every worker dpd starts publishes vLLM's KV-cache events over
-ZMQ (``--kv-events-config``: publisher ``zmq``, topic ``kv-events``, on its HTTP port +
-``kvEventsPortOffset``, bound to loopback on one machine). The router subscribes to each worker
+ZMQ (``--kv-events-config``: publisher ``zmq``, topic ``kv-events``): on a cluster on the pod's
+HTTP port + ``kvEventsPortOffset``, on one machine on a Unix socket in the run directory that
+the launcher passes on (launch/plan.py ``kv_events_endpoint``). The router subscribes to each worker
 and applies each batch to the prefix index (prefix.py): ``BlockStored`` adds blocks,
 ``BlockRemoved`` takes them away, ``AllBlocksCleared`` empties the worker. A sequence number that
 goes back means the worker restarted (its cache is empty): the worker's blocks are dropped too.
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from urllib.parse import urlsplit
 
 import msgspec
@@ -67,10 +68,12 @@ def apply_batch(index: PrefixIndex, url: str, payload: bytes) -> int:
 class KvEvents:
     """One SUB socket per worker of ``pools``, kept in step with them (workers come and go)."""
 
-    def __init__(self, index_of: Callable[[], PrefixIndex | None], pools: Sequence[Pool], port_offset: int):
+    def __init__(self, index_of: Callable[[], PrefixIndex | None], pools: Sequence[Pool], port_offset: int,
+                 endpoints: Mapping[str, str] | None = None):
         self._index_of = index_of  # the index in force (prefix-aware routing may be switched live)
         self._pools = pools
         self._port_offset = port_offset
+        self._endpoints = dict(endpoints or {})  # worker URL → its planned endpoint (the launcher's workers)
         self._context = zmq.asyncio.Context()
         self._subscribers: dict[str, asyncio.Task] = {}
         self._task: asyncio.Task | None = None
@@ -88,7 +91,7 @@ class KvEvents:
         socket = self._context.socket(zmq.SUB)
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt_string(zmq.SUBSCRIBE, TOPIC)
-        endpoint = events_endpoint(worker.url, self._port_offset)
+        endpoint = self._endpoints.get(worker.url) or events_endpoint(worker.url, self._port_offset)
         socket.connect(endpoint)
         last_seq = -1
         try:

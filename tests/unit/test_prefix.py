@@ -173,3 +173,49 @@ async def test_the_router_subscribes_to_each_workers_events():
         await events.stop()
         pub.close(linger=0)
         context.term()
+
+
+async def test_events_from_vllms_own_publisher_reach_the_index(tmp_path):
+    """vLLM's own ZmqEventPublisher on the endpoint the launcher plans for a local worker, and the
+    router's subscriber on the endpoint the launcher hands it: the blocks arrive. (The loopback
+    TCP endpoint planned before made both ends connect, and no event ever arrived.)"""
+    kv_events = pytest.importorskip("vllm.distributed.kv_events")
+    import asyncio
+    import shutil
+    import tempfile
+    from pathlib import Path as FsPath
+
+    import yaml
+
+    from dpd.config.load import load_config
+    from dpd.launch.plan import plan_workers
+    from dpd.router.kvevents import KvEvents
+    from dpd.router.pools import Pool
+
+    document = yaml.safe_load(FsPath("examples/default.yaml").read_text())
+    document["spec"]["pdSpec"].setdefault("router", {})["prefixAware"] = {"enabled": True}
+    (tmp_path / "endpoint.yaml").write_text(yaml.safe_dump(document))
+    socket_dir = tempfile.mkdtemp(prefix="dpd-test-")  # short: a Unix socket path has at most 107 bytes
+    plan = plan_workers(load_config(tmp_path / "endpoint.yaml"), "/models/m", python="py", cores=[0, 1],
+                        events_dir=socket_dir)[-1]
+    assert plan.events_endpoint == f"ipc://{socket_dir}/kv-events-{plan.port}"
+    publisher = kv_events.ZmqEventPublisher(0, endpoint=plan.events_endpoint, topic="kv-events")
+    index = PrefixIndex(block_size=4, max_blocks=100, load_weight_tokens=0)
+    worker = Worker(plan.name, plan.url, "decode")
+    events = KvEvents(lambda: index, [Pool("decode", [worker])], port_offset=1000,
+                      endpoints={plan.url: plan.events_endpoint})
+    events.start()
+    hashes = index.hashes(list(range(8)))
+    stored = kv_events.BlockStored(block_hashes=[int.from_bytes(h[-8:], "big") for h in hashes], parent_block_hash=None,
+                                   token_ids=list(range(8)), block_size=4, lora_id=None, medium="CPU", lora_name=None)
+    try:
+        for _ in range(60):  # a SUB socket joins late: publish until it has seen one
+            publisher.publish(kv_events.KVEventBatch(ts=1.0, events=[stored]))
+            await asyncio.sleep(0.05)
+            if index.cached_tokens(worker, hashes):
+                break
+        assert index.cached_tokens(worker, hashes) == 8 and index.source(worker.url) == "events"
+    finally:
+        await events.stop()
+        publisher.shutdown()
+        shutil.rmtree(socket_dir, ignore_errors=True)

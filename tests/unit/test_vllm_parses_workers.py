@@ -164,17 +164,22 @@ def test_tracing_reaches_every_worker_vllm_accepts_it(vllm_parse, tmp_path):
 
 
 def test_prefix_aware_workers_publish_kv_events_vllm_accepts_it(vllm_parse, tmp_path):
-    """Issue 14: with prefix-aware routing on, each worker publishes vLLM's KV-cache events on its
-    HTTP port + kvEventsPortOffset — on loopback locally (the events carry token ids), on the pod's
-    addresses on a cluster."""
+    """Issue 14: with prefix-aware routing on, each worker publishes vLLM's KV-cache events — on
+    one machine on a Unix socket in the run directory (the events carry token ids), on a cluster
+    on the pod's HTTP port + kvEventsPortOffset. Either way an endpoint vLLM's publisher *binds*
+    (it connects to any other, and then nothing reaches the router's subscriber)."""
+    from vllm.distributed.kv_events import ZmqEventPublisher
+
     _, path = gpu_8x_with_router(tmp_path, prefixAware={"enabled": True})
     _, plans = planned(str(path))
     for plan in plans:
         namespace, engine = vllm_parse(plan.command[3:])
         assert engine.kv_events_config.enable_kv_cache_events
-        assert engine.kv_events_config.endpoint == f"tcp://127.0.0.1:{plan.port + 1000}"
+        assert engine.kv_events_config.endpoint == f"ipc://$RUN_DIR/kv-events-{plan.port}" == plan.events_endpoint
+        assert ZmqEventPublisher._is_bind_endpoint(engine.kv_events_config.endpoint)
         assert engine.kv_events_config.topic == "kv-events"
     for worker in rendered_workers(str(path)):
         container = worker["spec"]["template"]["spec"]["containers"][0]
         _, engine = vllm_parse(container["args"])
-        assert engine.kv_events_config.endpoint.startswith("tcp://*:")
+        assert engine.kv_events_config.endpoint == "tcp://*:9000"
+        assert ZmqEventPublisher._is_bind_endpoint(engine.kv_events_config.endpoint)
