@@ -77,8 +77,9 @@ def audit(trace: list[TraceRequest], threshold_tokens: int) -> Audit:
         share_prompt_tokens_above=sum(r.num_prompt_tokens for r in above) / sum(prompts),
         mean_prefill_tokens_per_s=sum(prompts) / duration_s,
         mean_decode_tokens_per_s=sum(outputs) / duration_s,
-        peak_minute_prefill_tokens_per_s=max(per_minute_prefill.values()) / 60,
-        peak_minute_decode_tokens_per_s=max(per_minute_decode.values()) / 60,
+        # A trace shorter than a minute is its own busiest window (never a peak below the mean).
+        peak_minute_prefill_tokens_per_s=max(per_minute_prefill.values()) / min(60.0, duration_s),
+        peak_minute_decode_tokens_per_s=max(per_minute_decode.values()) / min(60.0, duration_s),
     )
 
 

@@ -25,6 +25,7 @@ import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import openai
 import pytest
@@ -59,7 +60,7 @@ def endpoint(tmp_path_factory, model_dir, otlp):
         tmp / "endpoint.yaml", router_port=ROUTER_PORT, worker_base_port=18100, side_channel_base_port=15600,
         routingThreshold=1024, routingPolicy="threshold", worker_args=WORKER_ARGS,
         router={"admission": {"decode": {"maxInFlight": 4, "maxQueue": 16, "queueTimeoutS": 10}},
-                "tracing": {"otlpEndpoint": otlp.url}},
+                "tracing": {"otlpEndpoint": otlp.url}, "requestLog": {"path": str(tmp / "requests.jsonl")}},
     )
     serve = ServeProcess(config, log_path=tmp / "serve.log")
     try:
@@ -342,6 +343,45 @@ def test_bench_short_run(endpoint):
     assert summary["num_failed"] == 0 and summary["slo_attainment"] == 1.0
     print(f"\nbench short run: TTFT p50 {summary['ttft_p50_s']:.2f} s p99 {summary['ttft_p99_s']:.2f} s, "
           f"TPOT p50 {summary['tpot_p50_s'] * 1000:.0f} ms, ITL p99 {summary['itl_p99_s'] * 1000:.0f} ms")
+
+
+def test_request_log_round_trip(endpoint, tmp_path):
+    """Issue 15: a short load with the request log on; ``dpd bench audit`` on the log reproduces
+    the served token counts, and the log replayed (``dpd bench run --trace LOG``'s loader and
+    client) asks the same of the endpoint: the same prompt lengths on the same paths."""
+    import asyncio
+    import json
+    import subprocess
+    import sys
+
+    from dpd.bench.client import replay
+    from dpd.bench.workloads import TraceRequest, load_trace
+
+    log = Path(endpoint.config.spec.pdSpec.router.requestLog.path)
+    before = len(log.read_text().splitlines()) if log.exists() else 0
+    trace = [TraceRequest(0.0, 90, 6, "t"), TraceRequest(0.5, 1400, 6, "t"), TraceRequest(1.0, 250, 6, "t")]
+    first, _ = asyncio.run(replay(endpoint.url, MODEL, trace, threshold_tokens=1024, seed=5, progress=False))
+    assert [r.is_ok for r in first] == [True] * 3
+    _wait_for(lambda: len(log.read_text().splitlines()) >= before + 3, timeout_s=10)
+    lines = [json.loads(line) for line in log.read_text().splitlines()[before:]]
+    lines.sort(key=lambda entry: entry["time"])
+    assert [e["outcome"] for e in lines] == ["ok"] * 3 and [e["output_tokens"] for e in lines] == [6] * 3
+    assert [e["path"] for e in lines] == [r.path for r in first] == ["direct", "disaggregated", "direct"]
+    assert all("prompt" not in e for e in lines)  # never the prompt unless includePrompts asks
+    served = [e["prompt_tokens"] for e in lines]
+    assert served == [r.num_prompt_tokens for r in trace]  # the client sends token ids: counted exactly
+    mine = tmp_path / "served.jsonl"
+    mine.write_text("".join(json.dumps(e) + "\n" for e in lines))
+    audit = subprocess.run([sys.executable, "-m", "dpd", "bench", "audit", "--trace", str(mine), "--threshold", "1024"],
+                           capture_output=True, text=True, timeout=120)
+    assert audit.returncode == 0, audit.stderr
+    assert "3 served requests" in audit.stdout, audit.stdout
+    replayed = load_trace(mine)
+    assert [(r.num_prompt_tokens, r.num_output_tokens) for r in replayed] == [(p, 6) for p in served]
+    assert [round(r.arrival_s, 1) for r in replayed] == [round(e["time"] - lines[0]["time"], 1) for e in lines]
+    again, _ = asyncio.run(replay(endpoint.url, MODEL, replayed, threshold_tokens=1024, seed=6, progress=False))
+    assert [r.is_ok for r in again] == [True] * 3 and [r.path for r in again] == [r.path for r in first]
+    print(f"\nrequest log round trip: served prompt tokens {served}; audit:\n{audit.stdout.strip()}")
 
 
 def _served(endpoint, prompt: str, max_tokens: int) -> tuple[str, str, str]:

@@ -141,3 +141,13 @@ def test_counter_totals_sums_label_sets():
     assert counter_totals(text, ("dpd_fallbacks_total", "dpd_pd_stalls_total", "missing")) == {
         "dpd_fallbacks_total": 3.0, "dpd_pd_stalls_total": 0.0, "missing": 0
     }
+
+
+def test_a_trace_shorter_than_a_minute_peaks_at_its_mean():
+    """A few seconds of a request log: the busiest minute is the whole trace, not tokens / 60."""
+    from dpd.bench.audit import audit
+    from dpd.bench.workloads import TraceRequest
+
+    a = audit([TraceRequest(0.0, 100, 6, "t"), TraceRequest(1.0, 1400, 6, "t"), TraceRequest(2.0, 250, 6, "t")], 1024)
+    assert a.peak_minute_prefill_tokens_per_s == a.mean_prefill_tokens_per_s == 1750 / 2
+    assert a.peak_minute_decode_tokens_per_s == a.mean_decode_tokens_per_s == 9
