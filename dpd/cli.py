@@ -64,6 +64,18 @@ def with_overrides(config: InferenceEndpointConfig, args: argparse.Namespace) ->
     return parse_config(data, "command-line overrides")
 
 
+def _at_least(minimum: int):
+    """An argparse type: one integer >= ``minimum`` (a usage error otherwise)."""
+
+    def parse(text: str) -> int:
+        values = _number_list(int, minimum)(text)
+        if len(values) != 1:
+            raise argparse.ArgumentTypeError(f"expected one integer, got {text!r}")
+        return values[0]
+
+    return parse
+
+
 def _number_list(kind: type, minimum: float):
     """An argparse type: comma-separated numbers, each >= ``minimum`` (a usage error otherwise)."""
 
@@ -195,6 +207,7 @@ def _cmd_bench_run(args: argparse.Namespace) -> int:
         bisect_steps=args.bisect, compare_at=args.compare_at,
         sweep_thresholds=args.sweep_thresholds, sweep_rate_rps=args.sweep_rate,
         workload=args.workload, burstiness=args.burstiness, session_turns=args.session_turns,
+        workers_per_pool=args.workers_per_pool,
     )
     if not spec.rates_rps:
         print("dpd bench run: --rates needs at least one rate", file=sys.stderr)
@@ -532,6 +545,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the Azure trace, a synthetic mix (70%% chat, 25%% retrieval, 5%% long), "
                         "or multi-turn agent sessions (prompts extend the previous turn: prefix reuse)")
     b.add_argument("--session-turns", type=int, default=4, help="sessions: turns per session")
+    b.add_argument("--workers-per-pool", type=_at_least(1), default=1, metavar="N",
+                   help="replicas of each pool (a colocated endpoint runs 2N full workers); more than the cores "
+                   "share them")
     b.add_argument("--burstiness", type=float, default=1.0, help="synthetic arrivals: gamma shape (1 = Poisson, <1 burstier)")
     b.add_argument("--duration", type=float, default=90, help="seconds of trace per rate")
     b.add_argument("--threshold", type=int, default=1024, help="routing threshold of the dpd scenario")

@@ -70,6 +70,7 @@ class BenchSpec:
     workload: str = "trace"  # or "synthetic", or "sessions" (multi-turn, shared prefixes)
     session_turns: int = 4  # sessions: turns per session (prompts from max/4, growing max/(2 x turns) per turn)
     burstiness: float = 1.0  # synthetic arrivals: gamma shape (1 = Poisson)
+    workers_per_pool: int = 1  # replicas of each pool (colocated: 2x this many full workers)
 
 
 def trace_at_rate(base: list[TraceRequest], spec: BenchSpec, rate_rps: float) -> tuple[list[TraceRequest], Scaling]:
@@ -170,8 +171,10 @@ def set_policy(serve: ServeProcess, policy: str, prefix_aware: bool = False) -> 
 def endpoint(colocated: bool, spec: BenchSpec, work_dir: Path):
     """A fresh endpoint on the benchmark's ports; stopped (Ctrl-C) and checked on exit."""
     work_dir.mkdir(parents=True, exist_ok=True)
+    replicas = {"replicas": spec.workers_per_pool}
     config = write_config(work_dir / "endpoint.yaml", router_port=18400, worker_base_port=18500,
-                          side_channel_base_port=16500, routingThreshold=spec.threshold_tokens, routingPolicy="threshold")
+                          side_channel_base_port=16500, routingThreshold=spec.threshold_tokens, routingPolicy="threshold",
+                          prefillSpec=replicas, decodingSpec=replicas)
     print(f"[bench] starting the {'colocated' if colocated else 'P/D'} endpoint (~2–3 min)", file=sys.stderr, flush=True)
     serve = ServeProcess(config, *(["--colocated"] if colocated else []), log_path=work_dir / "serve.log")
     try:
@@ -328,6 +331,9 @@ def report(results: dict) -> str:
     ]
     workloads = sorted({e["workload"] for sc in scenarios.values() for e in sc["rates"]})
     lines += ["", "Workload: " + ("; ".join(workloads[:1]) + (" (rate varies per run)" if len(workloads) > 1 else "")), ""]
+    if (per_pool := spec.get("workers_per_pool", 1)) > 1:
+        lines += [f"Workers: {2 * per_pool} per endpoint ({per_pool} per pool), one core each, on the machine's cores "
+                  "(shared when there are fewer).", ""]
     lines += [
         "| scenario | rate (req/s) | run | n | attainment | goodput (req/s) | "
         "P99 TTFT (ms) | P99 ITL (ms) | P99 TPOT (ms) | P99 ITL short (ms) |",

@@ -218,3 +218,31 @@ def test_the_prefix_scenarios_are_known_to_the_command_line():
     args = build_parser().parse_args(["bench", "run", "--workload", "sessions", "--session-turns", "6",
                                       "--scenarios", "colocated,colocated-prefix,dpd-adaptive,dpd-prefix"])
     assert args.session_turns == 6
+
+
+def test_more_workers_per_pool_reach_the_endpoints_config(tmp_path, monkeypatch):
+    """``--workers-per-pool N``: both endpoints a benchmark starts run N replicas of each pool."""
+    import dpd.bench.run as bench_run
+    from dpd.cli import build_parser
+    from dpd.config.load import load_config
+
+    args = build_parser().parse_args(["bench", "run", "--workers-per-pool", "2"])
+    assert args.workers_per_pool == 2
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "run", "--workers-per-pool", "0"])
+    started = []
+
+    class Started(Exception):
+        pass
+
+    def fake_serve(config_path, *args, log_path):
+        started.append(load_config(config_path))
+        raise Started
+
+    monkeypatch.setattr(bench_run, "ServeProcess", fake_serve)
+    spec = bench_run.BenchSpec(trace_dir="", rates_rps=(0.1,), duration_s=10, threshold_tokens=512, slo=Slo(1, 1),
+                               max_prompt_tokens=512, max_output_tokens=8, output_scale=1.0, workers_per_pool=2)
+    with pytest.raises(Started), bench_run.endpoint(True, spec, tmp_path / "colocated"):
+        pass
+    pd = started[0].spec.pdSpec
+    assert (pd.prefillSpec.replicas, pd.decodingSpec.replicas) == (2, 2)
