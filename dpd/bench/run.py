@@ -291,9 +291,17 @@ def run(spec: BenchSpec, out_dir: Path) -> dict:
     return results
 
 
+def sweep_rate(capacity_rps: float | None, rates_rps: tuple[float, ...]) -> float:
+    """The threshold sweep's load: the dpd scenario's capacity; the lowest rate tried when it met
+    the SLO at none (a capacity of 0 is a result, not "unmeasured"); the highest without a dpd run."""
+    if capacity_rps is None:
+        return max(rates_rps)
+    return capacity_rps if capacity_rps > 0 else min(rates_rps)
+
+
 def sweep(serve: ServeProcess, spec: BenchSpec, base: list[TraceRequest], results: dict) -> list[dict]:
     """Goodput versus threshold at one offered load, on the live P/D endpoint."""
-    rate = spec.sweep_rate_rps or results["scenarios"].get("dpd", {}).get("capacity_rps") or max(spec.rates_rps)
+    rate = spec.sweep_rate_rps or sweep_rate(results["scenarios"].get("dpd", {}).get("capacity_rps"), spec.rates_rps)
     holder: dict = {}
     runner = Runner("sweep", serve.url, spec, base, holder)
     entries = []

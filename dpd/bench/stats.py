@@ -17,13 +17,16 @@ from dataclasses import dataclass, field
 
 
 def percentile(values: list[float], q: float) -> float:
-    """Linear-interpolated percentile (numpy's default), q in [0, 1]; NaN when empty."""
+    """Linear-interpolated percentile (numpy's default), q in [0, 1]; NaN when empty. Values
+    may be +inf (a failed request's latency): a rank that lands on or past one is +inf."""
     ordered = sorted(values)
     if not ordered:
         return float("nan")
     k = (len(ordered) - 1) * q
     lo = int(k)
     hi = min(lo + 1, len(ordered) - 1)
+    if k == lo or ordered[hi] == ordered[lo]:  # no interpolation (inf x 0 would be NaN)
+        return ordered[lo]
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
@@ -69,9 +72,12 @@ class Slo:
 
 
 def summarize(records: list[RequestRecord], duration_s: float, slo: Slo) -> dict[str, float]:
+    """Attainment, goodput and latency percentiles of one run. A failed request counts as +inf
+    in the TTFT and TPOT percentiles (dropping it would make a failing run look fast); ITL pools
+    the gaps of the requests that streamed."""
     ok = [r for r in records if r.is_ok]
-    ttfts = [r.ttft_s for r in ok]
-    tpots = [t for r in ok if (t := r.tpot_s) is not None]
+    ttfts = [r.ttft_s if r.is_ok else math.inf for r in records]
+    tpots = [t for r in ok if (t := r.tpot_s) is not None] + [math.inf] * (len(records) - len(ok))
     itls = [gap for r in ok for gap in r.itls_s]
     num_met = sum(slo.is_met(r) for r in records)
     out: dict[str, float] = {"num_requests": len(records), "num_failed": len(records) - len(ok)}

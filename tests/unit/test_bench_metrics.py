@@ -58,10 +58,10 @@ def test_summary_on_a_known_run():
     assert s["slo_attainment"] == pytest.approx(2 / 5)
     assert s["goodput_rps"] == pytest.approx(0.2)
     assert s["throughput_rps"] == pytest.approx(0.4)
-    # TTFTs of the ok requests: [0.5, 2.0, 0.4, 0.1] -> sorted [0.1, 0.4, 0.5, 2.0]; p50 = 0.45
-    assert s["ttft_p50_s"] == pytest.approx(0.45)
-    # TPOTs: [0.2, 0.2, 0.4] -> p50 0.2
-    assert s["tpot_p50_s"] == pytest.approx(0.2)
+    # TTFTs, the failure as +inf: sorted [0.1, 0.4, 0.5, 2.0, inf]; p50 = 0.5
+    assert s["ttft_p50_s"] == pytest.approx(0.5)
+    # TPOTs: [0.2, 0.2, 0.4, inf] -> p50 0.3
+    assert s["tpot_p50_s"] == pytest.approx(0.3)
     # ITL pools 10 gaps: six of 0.2, four of 0.4 -> p50 = 0.2, p90 = 0.4
     assert s["itl_p50_s"] == pytest.approx(0.2)
     assert s["itl_p90_s"] == pytest.approx(0.4)
@@ -151,3 +151,21 @@ def test_a_trace_shorter_than_a_minute_peaks_at_its_mean():
     a = audit([TraceRequest(0.0, 100, 6, "t"), TraceRequest(1.0, 1400, 6, "t"), TraceRequest(2.0, 250, 6, "t")], 1024)
     assert a.peak_minute_prefill_tokens_per_s == a.mean_prefill_tokens_per_s == 1750 / 2
     assert a.peak_minute_decode_tokens_per_s == a.mean_decode_tokens_per_s == 9
+
+
+def test_failures_count_as_infinitely_slow():
+    """A failed request is +inf in the TTFT and TPOT percentiles, never dropped (a run that
+    fails its slow requests must not look fast), and a rank landing on +inf is +inf, not NaN."""
+    import math
+
+    from dpd.bench.stats import RequestRecord, Slo, percentile, summarize
+
+    assert percentile([1.0, 2.0, math.inf], 0.5) == 2.0
+    assert percentile([1.0, math.inf, math.inf], 0.5) == math.inf  # inf - inf never reaches the sum
+    assert percentile([1.0, math.inf], 0.5) == math.inf
+    assert percentile([1.0, 2.0], 0.5) == 1.5
+    ok = [RequestRecord(ttft_s=0.1 * (i + 1), e2e_s=1.0, num_output_tokens=4) for i in range(3)]
+    failed = [RequestRecord(ttft_s=float("nan"), e2e_s=1.0, num_output_tokens=0, is_ok=False)] * 2
+    out = summarize(ok + failed, 10.0, Slo(1.0, 1.0))
+    assert out["ttft_p50_s"] == pytest.approx(0.3) and out["ttft_p90_s"] == math.inf and out["tpot_p99_s"] == math.inf
+    assert out["num_failed"] == 2 and out["slo_attainment"] == pytest.approx(0.6)

@@ -246,3 +246,11 @@ def test_more_workers_per_pool_reach_the_endpoints_config(tmp_path, monkeypatch)
         pass
     pd = started[0].spec.pdSpec
     assert (pd.prefillSpec.replicas, pd.decodingSpec.replicas) == (2, 2)
+
+
+def test_the_sweep_runs_at_the_measured_capacity_even_when_it_is_zero():
+    from dpd.bench.run import sweep_rate
+
+    assert sweep_rate(0.3, (0.1, 0.5)) == 0.3
+    assert sweep_rate(0.0, (0.1, 0.5)) == 0.1  # nothing met the SLO: the lightest load tried, not the heaviest
+    assert sweep_rate(None, (0.1, 0.5)) == 0.5
