@@ -186,11 +186,14 @@ def measure(worker_url: str, *, mode: str = "quick", router_url: str | None = No
 
 def measure_split(router_url: str, model: str, seed: int, progress: Any = print, num: int = 4) -> float | None:
     """The split's own cost (KV pull, the decode hop's first step) as the router measures it:
-    a few disaggregated requests (the router's threshold set to 0 meanwhile, then restored)."""
+    a few disaggregated requests (the static split at threshold 0 meanwhile — the adaptive policy
+    may run such a prompt whole — then the router's policy and threshold restored)."""
     url = router_url.rstrip("/")
     before = requests.get(url + "/admin/workers", timeout=10).json().get("routing", {})
-    threshold = before.get("threshold_tokens")
+    threshold, policy = before.get("threshold_tokens"), before.get("policy")
     requests.put(url + "/admin/threshold", json={"threshold_tokens": 0}, timeout=10).raise_for_status()
+    if policy not in (None, "threshold"):
+        requests.put(url + "/admin/policy", json={"policy": "threshold"}, timeout=10).raise_for_status()
     try:
         for i in range(num):
             prompt = [1000 + ((seed + i) * 7919 + k * 104729) % 20000 for k in range(256)]
@@ -199,6 +202,8 @@ def measure_split(router_url: str, model: str, seed: int, progress: Any = print,
     finally:
         if threshold is not None:
             requests.put(url + "/admin/threshold", json={"threshold_tokens": threshold}, timeout=10)
+        if policy not in (None, "threshold"):
+            requests.put(url + "/admin/policy", json={"policy": policy}, timeout=10)
     routing = requests.get(url + "/admin/workers", timeout=10).json().get("routing", {})
     if not routing.get("split_overhead_samples"):
         return None

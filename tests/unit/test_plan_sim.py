@@ -162,3 +162,41 @@ def test_the_simulator_is_checked_against_a_ladders_runs(tmp_path):
     assert all(r.measured_attainment == 1.0 and 0 <= r.predicted_attainment <= 1 for r in rows)
     assert rows[0].ttft_p50[1] == pytest.approx(5.5)  # the measured median of 1..10 s
     assert "Attainment within 10 points in" in table(rows)
+
+
+def test_the_split_is_measured_under_the_static_split_and_the_policy_restored(monkeypatch):
+    """``dpd profile --router``: under the adaptive policy a threshold of 0 does not force a split
+    (it may run the prompt whole), so the profile switches to the static split while it measures
+    and restores the router's own policy and threshold afterwards."""
+    import dpd.sim.profile as profile
+
+    calls = []
+    state = {"policy": "adaptive", "threshold_tokens": 512, "split_overhead_samples": 0}
+
+    class Response:
+        def __init__(self, body=None):
+            self.body = body or {}
+
+        def json(self):
+            return self.body
+
+        def raise_for_status(self):
+            pass
+
+    def get(url, timeout):
+        return Response({"routing": dict(state)})
+
+    def put(url, json, timeout):
+        calls.append((url.rsplit("/", 1)[1], json))
+        return Response()
+
+    def post(url, timeout, json):
+        state["split_overhead_samples"], state["split_overhead_s"] = 4, 0.09
+        return Response()
+
+    monkeypatch.setattr(profile.requests, "get", get)
+    monkeypatch.setattr(profile.requests, "put", put)
+    monkeypatch.setattr(profile.requests, "post", post)
+    assert profile.measure_split("http://router", "m", seed=0, progress=lambda *_: None) == 0.09
+    assert calls == [("threshold", {"threshold_tokens": 0}), ("policy", {"policy": "threshold"}),
+                     ("threshold", {"threshold_tokens": 512}), ("policy", {"policy": "adaptive"})]
