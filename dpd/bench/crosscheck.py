@@ -161,10 +161,12 @@ def vllm_detailed_records(data: dict) -> list[RequestRecord]:
 
 
 def our_figures(records: list[RequestRecord], duration_s: float) -> dict[str, float]:
-    """Our client's records in the shape of ``parse_vllm_result`` (milliseconds)."""
-    summary = summarize(records, duration_s, NO_SLO)
-    out = {"num_completed": summary["num_requests"] - summary["num_failed"], "num_failed": summary["num_failed"],
-           "duration_s": duration_s}
+    """Our client's records in the shape of ``parse_vllm_result`` (milliseconds), on vLLM's
+    terms: its percentiles are over the completed requests only (``summarize`` counts a failure
+    as +inf, so it is handed the completed ones)."""
+    completed = [r for r in records if r.is_ok]
+    summary = summarize(completed, duration_s, NO_SLO)
+    out = {"num_completed": len(completed), "num_failed": len(records) - len(completed), "duration_s": duration_s}
     for metric in ("ttft", "tpot", "itl"):
         for q in PERCENTILES:
             out[f"{metric}_p{q}_ms"] = summary[f"{metric}_p{q}_s"] * 1000
