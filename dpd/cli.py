@@ -376,7 +376,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
     rows = search(requests_, profile.engine, slo, max_workers=args.max_workers, min_workers=args.min_workers,
                   policies=policies, thresholds=args.thresholds, price_per_worker_hour=args.price_per_worker_hour,
-                  progress=progress)
+                  progress=progress, jobs=args.jobs)
     wall_s = time.perf_counter() - started
     choice = best(rows, args.target)
     print(f"Trace: {description}, at {args.rate:g} req/s. SLO: TTFT ≤ {slo.ttft_s:g} s, TPOT ≤ {slo.tpot_s:g} s; target "
@@ -648,6 +648,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-output-tokens", type=int, default=512)
     p.add_argument("--price-per-worker-hour", type=float, help="adds cost per million output tokens")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--jobs", type=_at_least(1), default=len(os.sched_getaffinity(0)), help="processes simulating candidates in parallel "
+                   "(default: this machine's cores)")
     p.add_argument("--out", default="planned-endpoint.yaml", help="where the recommended config is written")
     p.add_argument("--check", metavar="LADDER_RESULTS", help="instead: the simulator against a `dpd bench ladder` "
                    "results.json (predicted vs measured, per run)")

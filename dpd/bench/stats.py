@@ -30,6 +30,31 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
+def weighted_percentile(counted: list[tuple[float, int]], q: float) -> float:
+    """``percentile`` of values given as (value, how many times): the same figure as on the
+    expanded list, without expanding it (the simulator's gaps come run-length coded)."""
+    ordered = sorted((v, n) for v, n in counted if n > 0)
+    total = sum(n for _, n in ordered)
+    if not total:
+        return float("nan")
+    k = (total - 1) * q
+    lo = int(k)
+    lo_value = hi_value = ordered[-1][0]
+    seen = 0
+    for value, n in ordered:
+        if seen <= lo < seen + n:
+            lo_value = value
+        if seen <= lo + 1 < seen + n:
+            hi_value = value
+            break
+        seen += n
+    if lo + 1 >= total:
+        hi_value = lo_value
+    if k == lo or hi_value == lo_value:
+        return lo_value
+    return lo_value + (hi_value - lo_value) * (k - lo)
+
+
 def counter_totals(metrics_text: str, names: tuple[str, ...]) -> dict[str, float]:
     """Sum each Prometheus sample ``name`` over all its label sets in an exposition text."""
     return {

@@ -222,10 +222,10 @@ class AdaptiveDecider:
         queued_after_s = max(0.0, d.load.queued_prefill_tokens / d.load.prefill_tokens_per_s - ttft)
         exposure = self._future_stall_s(d, m) + queued_after_s
         decision = Decision(Path.DISAGGREGATED, Reason.DECODER_BUSY, prefill=p, decode=d, predicted_ttft_s=ttft)
-        return replace(self._scored(decision, ttft, exposure, d, m, prefill_s, p), decode_wait_s=queued_after_s)
+        return self._scored(decision, ttft, exposure, d, m, prefill_s, p, decode_wait_s=queued_after_s)
 
     def _scored(self, decision: Decision, ttft: float, exposure: float, d: Worker, m: int, prefill_s: float,
-                prefiller: Worker) -> Scored:
+                prefiller: Worker, decode_wait_s: float = 0.0) -> Scored:
         """Misses first, then risk: the share of each SLO budget the plan uses up (its own TTFT
         and TPOT slack, and each running stream's TPOT slack on the worker that prefills)."""
         own_slack = (self.slo.tpot_s - 1 / d.load.decode_tokens_per_s) * max(m - 1, 0)
@@ -238,7 +238,7 @@ class AdaptiveDecider:
         harm_risk = sum(prefill_s / slack for slack in slacks if slack >= prefill_s and slack > 0)
         misses = own_misses + pushed
         score = MISS_COST * misses + own_risk + self.stall_weight * harm_risk + TIE_BREAK * d.load.num_streams
-        return Scored(decision, ttft, misses, score, harm_misses=pushed, harm_s=prefill_s * len(slacks))
+        return Scored(decision, ttft, misses, score, pushed, prefill_s * len(slacks), decode_wait_s)
 
     def _tpot_miss(self, exposure: float, slack: float, d: Worker, m: int) -> float:
         """The chance the new stream misses its TPOT target on ``d``: certain when the stall

@@ -71,6 +71,7 @@ class RecentMedian:
         self.min_samples = min_samples
         self._samples: list[float] = []
         self.num_samples = 0
+        self.is_measured = False  # ``min_samples`` arrived
         self._median: float | None = None  # of ``_samples``, until they change (read once per candidate plan)
 
     def add(self, sample: float) -> None:
@@ -78,6 +79,7 @@ class RecentMedian:
             return
         self._samples = [*self._samples[-(self.window - 1):], sample]
         self.num_samples += 1
+        self.is_measured = len(self._samples) >= self.min_samples
         self._median = None
 
     def replace_last(self, sample: float) -> None:
@@ -86,14 +88,10 @@ class RecentMedian:
             self._median = None
 
     @property
-    def is_measured(self) -> bool:
-        return len(self._samples) >= self.min_samples
-
-    @property
     def value(self) -> float:
-        if not self.is_measured:
-            return self.prior
         if self._median is None:
+            if not self.is_measured:
+                return self.prior
             ordered = sorted(self._samples)
             mid = len(ordered) // 2
             self._median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
@@ -166,6 +164,7 @@ class WorkerLoad:
         self._busy_s = 0.0  # decayed sum of service times
         self._busy_at = clock()
         self._recent: deque[tuple[float, float]] = deque(maxlen=256)  # (end, service s) of recent prefills
+        self._recent_sorted: list[float] | None = None  # their service times, sorted
 
     # -- prefill ---------------------------------------------------------------------------------
     def begin_prefill(self, num_tokens: int, expected_tokens: int | None = None) -> PrefillTicket:
@@ -230,12 +229,21 @@ class WorkerLoad:
         return (len(services) - bisect.bisect_right(services, stall_s)) / self.window_s
 
     def recent_services_s(self) -> list[float]:
-        """The service times of the prefills that ended within the last ``window_s``, sorted."""
+        """The service times of the prefills that ended within the last ``window_s``, sorted
+        (kept between calls until a prefill ends or one leaves the window: read, not modified)."""
         since = self._clock() - self.window_s
-        return sorted(service for end, service in self._recent if end >= since)
+        recent = self._recent
+        if recent and recent[0][0] < since:  # in order of their end: the oldest leave first
+            while recent and recent[0][0] < since:
+                recent.popleft()
+            self._recent_sorted = None
+        if self._recent_sorted is None:
+            self._recent_sorted = sorted(service for _, service in recent)
+        return self._recent_sorted
 
     def _add_busy(self, service_s: float, now: float) -> None:
         self._recent.append((now, service_s))
+        self._recent_sorted = None
         self._busy_s = self._decayed(now) + service_s
         self._busy_at = now
 

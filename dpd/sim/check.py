@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dpd.bench.ladder import LadderSpec, at_rate, request_set
-from dpd.bench.stats import RequestRecord, percentile
+from dpd.bench.stats import RequestRecord, percentile, weighted_percentile
 from dpd.bench.stats import Slo as BenchSlo
 from dpd.router.adaptive import Slo
 from dpd.sim.engine import EngineProfile, SimEndpoint
@@ -72,14 +72,14 @@ def check(results_path: str | Path, profile: EngineProfile) -> list[Comparison]:
         records = [RequestRecord(**r) for r in run["records"]]
         measured_ttft = [r.ttft_s if r.is_ok else float("inf") for r in records]
         measured_itl = [g for r in records if r.is_ok for g in r.itls_s]
-        sim_gaps = [b - a for o in outcomes for a, b in zip(o.token_times, o.token_times[1:])]
+        sim_gaps = [run for o in outcomes for run in o.gaps]
         sim_ttft = [o.ttft_s for o in outcomes]
         out.append(Comparison(
             run["workload"], scenario, run["rate_rps"],
             sum(spec.slo.is_met(r) for r in records) / len(records), sum(o.meets(slo) for o in outcomes) / len(outcomes),
             (percentile(sim_ttft, 0.5), percentile(measured_ttft, 0.5)),
             (percentile(sim_ttft, 0.99), percentile(measured_ttft, 0.99)),
-            (percentile(sim_gaps, 0.99), percentile(measured_itl, 0.99)),
+            (weighted_percentile(sim_gaps, 0.99), percentile(measured_itl, 0.99)),
         ))
     return out
 

@@ -48,7 +48,7 @@ class Job:
     prompt_tokens: int
     output_tokens: int
     on_first: Callable[[float], None]
-    on_token: Callable[[float], None]
+    on_tokens: Callable[[int, float, float], None]  # (tokens, the gap before each, the last one's time)
     on_done: Callable[[float], None]
     remaining_prefill: int = 0
     generated: int = 0
@@ -73,7 +73,15 @@ class Sim:
 
 
 class Engine:
-    """One worker's engine: a FIFO of prefills and a batch of running streams."""
+    """One worker's engine: a FIFO of prefills and a batch of running streams.
+
+    A stretch of decode-only steps (nothing waiting) is one event, not one per step: the batch
+    does not change until its first stream ends or a request arrives, so its steps are equal and
+    their tokens are known in advance (each stream's next ``k`` tokens, ``step_s`` apart). An
+    arrival cuts the stretch at the end of the step under way, as the real scheduler admits a new
+    request only between steps; ``sync`` hands the streams the tokens of the steps already done
+    when the router looks at them (a real worker streams each one). Token times are the same as
+    stepping one by one."""
 
     def __init__(self, sim: Sim, profile: EngineProfile):
         self.sim = sim
@@ -81,15 +89,52 @@ class Engine:
         self.waiting: deque[Job] = deque()
         self.running: list[Job] = []
         self.is_busy = False
+        self._cruise: tuple[float, float, int] | None = None  # decode-only steps: (start, step s, steps)
+        self._generation = 0  # a cut stretch's scheduled end is stale
 
     def submit(self, job: Job) -> None:
         self.waiting.append(job)
+        if self._cruise is not None:
+            self._cut()
         self._maybe_step()
+
+    def sync(self) -> None:
+        """Give the running streams the tokens of the decode-only steps completed by now."""
+        if self._cruise is None:
+            return
+        start, step_s, steps = self._cruise
+        done = min(int((self.sim.now - start) / step_s), steps - 1)
+        if done <= 0:
+            return
+        end = start + done * step_s
+        for job in self.running:
+            job.generated += done
+            job.on_tokens(done, step_s, end)
+        self._cruise = (end, step_s, steps - done)
+
+    def _cut(self) -> None:
+        """End the decode-only stretch with the step under way (a new request waits for it)."""
+        self.sync()
+        assert self._cruise is not None
+        start, step_s, steps = self._cruise
+        if steps > 1:
+            self._cruise = (start, step_s, 1)
+            self._generation += 1
+            generation = self._generation
+            self.sim.at(start + step_s, lambda: self._end_cruise(generation))
 
     def _maybe_step(self) -> None:
         if self.is_busy or not (self.waiting or self.running):
             return
         p = self.profile
+        self.is_busy = True
+        if not self.waiting:
+            steps = min(job.output_tokens - job.generated for job in self.running)
+            step_s = p.step_overhead_s + len(self.running) * p.decode_s_per_stream
+            self._cruise = (self.sim.now, step_s, steps)
+            generation = self._generation
+            self.sim.at(self.sim.now + steps * step_s, lambda: self._end_cruise(generation))
+            return
         budget = p.max_batched_tokens - len(self.running)
         decoding = list(self.running)
         chunks: list[tuple[Job, int]] = []
@@ -101,18 +146,33 @@ class Engine:
             budget -= take
         prefill_tokens = sum(take for job, take in chunks if job.remaining_prefill)
         step_s = p.step_overhead_s + prefill_tokens / p.prefill_tokens_per_s + len(decoding) * p.decode_s_per_stream
-        self.is_busy = True
-        self.sim.at(self.sim.now + step_s, lambda: self._end_step(decoding, chunks))
+        self.sim.at(self.sim.now + step_s, lambda: self._end_step(decoding, chunks, step_s))
 
-    def _end_step(self, decoding: list[Job], chunks: list[tuple[Job, int]]) -> None:
+    def _end_cruise(self, generation: int) -> None:
+        if generation != self._generation or self._cruise is None:
+            return
+        _, step_s, steps = self._cruise
+        self._cruise = None
+        self._finish_tokens(self.running, steps, step_s)
+        self.is_busy = False
+        self._maybe_step()
+
+    def _finish_tokens(self, decoding: list[Job], steps: int, step_s: float) -> None:
+        now = self.sim.now
+        ended = []
+        for job in decoding:
+            job.generated += steps
+            job.on_tokens(steps, step_s, now)
+            if job.generated >= job.output_tokens:
+                ended.append(job)
+        for job in ended:
+            self.running.remove(job)
+            job.on_done(now)
+
+    def _end_step(self, decoding: list[Job], chunks: list[tuple[Job, int]], step_s: float) -> None:
         now = self.sim.now
         self.is_busy = False
-        for job in decoding:
-            job.generated += 1
-            job.on_token(now)
-            if job.generated >= job.output_tokens:
-                self.running.remove(job)
-                job.on_done(now)
+        self._finish_tokens(decoding, 1, step_s)
         for job, take in chunks:
             job.remaining_prefill = max(0, job.remaining_prefill - take)
             if job.remaining_prefill:
@@ -135,7 +195,32 @@ class Outcome:
     path: str = ""
     reason: str = ""
     first_s: float = float("nan")
-    token_times: list[float] = field(default_factory=list)
+    last_s: float = float("nan")
+    num_tokens: int = 0
+    gaps: list[tuple[float, int]] = field(default_factory=list)  # inter-token gaps, run-length coded (s, count)
+
+    def add_first(self, t: float) -> None:
+        self.first_s = self.last_s = t
+        self.num_tokens = 1
+
+    def add_tokens(self, num_tokens: int, gap_s: float, last_s: float) -> None:
+        if self.gaps and self.gaps[-1][0] == gap_s:
+            self.gaps[-1] = (gap_s, self.gaps[-1][1] + num_tokens)
+        else:
+            self.gaps.append((gap_s, num_tokens))
+        self.num_tokens += num_tokens
+        self.last_s = last_s
+
+    @property
+    def token_times(self) -> list[float]:
+        if not self.num_tokens:
+            return []
+        times = [self.first_s]
+        for gap, count in self.gaps:
+            base = times[-1]
+            times.extend([base + gap * (i + 1) for i in range(count)])
+        times[-1] = self.last_s
+        return times
 
     @property
     def ttft_s(self) -> float:
@@ -143,9 +228,9 @@ class Outcome:
 
     @property
     def tpot_s(self) -> float:
-        if len(self.token_times) < 2:
+        if self.num_tokens < 2:
             return 0.0
-        return (self.token_times[-1] - self.token_times[0]) / (len(self.token_times) - 1)
+        return (self.last_s - self.first_s) / (self.num_tokens - 1)
 
     def meets(self, slo: Slo) -> bool:
         return self.ttft_s <= slo.ttft_s and self.tpot_s <= slo.tpot_s
@@ -165,13 +250,16 @@ class SimEndpoint:
         shared = SharedRates(priors)
 
         def worker(name: str, pool: str) -> Worker:
-            return Worker(name, "sim://" + name, pool, load=WorkerLoad(priors, lambda: self.sim.now, shared=shared))
+            return Worker(name, "sim://" + name, pool, load=_SimulatedLoad(priors, lambda: self.sim.now, shared=shared))
 
         if policy == "colocated":
             num_decode, num_prefill = num_decode + num_prefill, 0
         self.prefill = [worker(f"prefill-{i}", "prefill") for i in range(num_prefill)]
         self.decode = [worker(f"decode-{i}", "decode") for i in range(num_decode)]
         self.engines = {w.name: Engine(self.sim, profile) for w in (*self.prefill, *self.decode)}
+        for w in (*self.prefill, *self.decode):
+            assert isinstance(w.load, _SimulatedLoad)
+            w.load.engine = self.engines[w.name]
         self.endpoint = EndpointLoad(priors)
         self.threshold = ThresholdDecider(threshold_tokens, is_colocated=policy == "colocated")
         self.adaptive = AdaptiveDecider(floor_tokens, self.endpoint, stall_weight=stall_weight, slo=slo)
@@ -209,14 +297,12 @@ class SimEndpoint:
 
         def first(t: float) -> None:
             on_first(t)
-            o.first_s = t
-            o.token_times.append(t)
+            o.add_first(t)
             state["stream"] = w.load.begin_stream(o.output_tokens)
 
-        def token(t: float) -> None:
-            o.token_times.append(t)
-            if "stream" in state:
-                state["stream"].add_tokens(len(o.token_times), t)
+        def tokens(num_tokens: int, gap_s: float, t: float) -> None:
+            o.add_tokens(num_tokens, gap_s, t)
+            state["stream"].add_tokens(o.num_tokens, t)
 
         def done(t: float) -> None:
             w.num_in_flight -= 1
@@ -224,7 +310,7 @@ class SimEndpoint:
                 w.load.end_stream(state["stream"], o.output_tokens)
             self.endpoint.output_tokens.add(o.output_tokens)
 
-        self.engines[w.name].submit(Job(prompt_tokens, o.output_tokens, first, token, done))
+        self.engines[w.name].submit(Job(prompt_tokens, o.output_tokens, first, tokens, done))
 
     def _whole(self, o: Outcome, w: Worker) -> None:
         ticket = w.load.begin_prefill(o.prompt_tokens, o.output_tokens)
@@ -241,5 +327,25 @@ class SimEndpoint:
             self.sim.at(sent + self.profile.kv_transfer_s, lambda: self._decode_on(
                 o, d, 0, lambda t2: self.endpoint.split_overhead.add(t2 - sent)))
 
-        noop = lambda t: None  # noqa: E731
-        self.engines[p.name].submit(Job(o.prompt_tokens, 1, noop, noop, prefilled))
+        self.engines[p.name].submit(Job(o.prompt_tokens, 1, _ignore, _ignore_tokens, prefilled))
+
+
+def _ignore(t: float) -> None:
+    pass
+
+
+def _ignore_tokens(num_tokens: int, gap_s: float, t: float) -> None:
+    pass
+
+
+class _SimulatedLoad(WorkerLoad):
+    """The router's own ``WorkerLoad`` of a simulated worker. Before the router reads how far its
+    streams have got, the engine hands them the tokens of the decode steps done by now (a real
+    worker streams each token as it is made)."""
+
+    engine: Engine | None = None
+
+    def stream_slacks_s(self, tpot_slo_s: float) -> list[float]:
+        if self.engine is not None:
+            self.engine.sync()
+        return super().stream_slacks_s(tpot_slo_s)

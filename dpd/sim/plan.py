@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import copy
 import math
+import multiprocessing
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 
 import yaml
 
-from dpd.bench.stats import percentile
+from dpd.bench.stats import percentile, weighted_percentile
 from dpd.config import load_config
 from dpd.router.adaptive import Slo
 from dpd.sim.engine import EngineProfile, Outcome, SimEndpoint
@@ -81,28 +83,56 @@ def evaluate(candidate: Candidate, requests: list[tuple[float, int, int]], profi
 def summarize(candidate: Candidate, outcomes: list[Outcome], slo: Slo, price_per_worker_hour: float | None) -> Row:
     met = sum(o.meets(slo) for o in outcomes)
     start = min(o.arrival_s for o in outcomes)
-    end = max(o.token_times[-1] if o.token_times else o.arrival_s for o in outcomes)
+    end = max(o.last_s if o.num_tokens else o.arrival_s for o in outcomes)
     duration_s = max(end - start, 1e-9)
-    gaps = [b - a for o in outcomes for a, b in zip(o.token_times, o.token_times[1:])]
+    gaps = [run for o in outcomes for run in o.gaps]
     cost = None
     if price_per_worker_hour is not None:
-        tokens = sum(len(o.token_times) for o in outcomes)
+        tokens = sum(o.num_tokens for o in outcomes)
         cost = candidate.num_workers * price_per_worker_hour * duration_s / 3600 / max(tokens, 1) * 1e6
     return Row(candidate, met / len(outcomes), met / duration_s, percentile([o.ttft_s for o in outcomes], 0.99),
-               percentile(gaps, 0.99) if gaps else math.nan, cost)
+               weighted_percentile(gaps, 0.99) if gaps else math.nan, cost)
 
 
 def search(requests: list[tuple[float, int, int]], profile: EngineProfile, slo: Slo, *, max_workers: int,
            policies: tuple[str, ...] = ("colocated", "threshold", "adaptive"), thresholds: tuple[int, ...] = (512, 1024),
            min_workers: int = 1, price_per_worker_hour: float | None = None,
-           progress: Callable[[int, int], None] | None = None) -> list[Row]:
+           progress: Callable[[int, int], None] | None = None, jobs: int = 1) -> list[Row]:
+    """Every candidate simulated on the same requests; rows in the candidates' order. ``jobs`` > 1:
+    that many processes share the candidates (each simulation is independent and single-threaded)."""
     todo = list(candidates(max_workers, policies, thresholds, min_workers))
-    rows = []
-    for i, candidate in enumerate(todo):
-        rows.append(evaluate(candidate, requests, profile, slo, price_per_worker_hour))
-        if progress is not None:
-            progress(i + 1, len(todo))
-    return rows
+    args = (requests, profile, slo, price_per_worker_hour)
+    if jobs <= 1 or len(todo) < 2:
+        rows = []
+        for i, candidate in enumerate(todo):
+            rows.append(evaluate(candidate, *args))
+            if progress is not None:
+                progress(i + 1, len(todo))
+        return rows
+    found: dict[int, Row] = {}
+    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=context, initializer=_set_work,
+                             initargs=args) as pool:
+        # The slowest candidates (most workers, the adaptive decider) first, so none is left last.
+        order = sorted(range(len(todo)), key=lambda i: (-todo[i].num_workers, todo[i].policy != "adaptive"))
+        futures = {pool.submit(_evaluate_one, todo[i]): i for i in order}
+        for future in as_completed(futures):
+            found[futures[future]] = future.result()
+            if progress is not None:
+                progress(len(found), len(todo))
+    return [found[i] for i in range(len(todo))]
+
+
+_WORK: tuple = ()  # a search process's requests, profile, SLO and price (set once, not sent per candidate)
+
+
+def _set_work(*args: object) -> None:
+    global _WORK
+    _WORK = args
+
+
+def _evaluate_one(candidate: Candidate) -> Row:
+    return evaluate(candidate, *_WORK)
 
 
 def best(rows: list[Row], target: float) -> Row:

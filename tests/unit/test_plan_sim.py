@@ -116,6 +116,17 @@ def test_the_search_space_and_the_recommendation():
     assert choice.goodput_rps == pytest.approx(10 / (90 + 0.55 + 9 * 0.05))
 
 
+def test_candidates_simulated_in_parallel_give_the_same_rows():
+    profile = EngineProfile(prefill_tokens_per_s=300, step_overhead_s=0.05, decode_s_per_stream=0.005)
+    requests = [(i * 0.7, 100 + (i * 37) % 900, 5 + i % 20) for i in range(60)]
+    kwargs = dict(max_workers=3, policies=("colocated", "threshold", "adaptive"), thresholds=(256,))
+    seen: list[tuple[int, int]] = []
+    parallel = search(requests, profile, Slo(5.0, 0.2), jobs=2, progress=lambda done, total: seen.append((done, total)),
+                      **kwargs)  # type: ignore[arg-type]
+    assert parallel == search(requests, profile, Slo(5.0, 0.2), jobs=1, **kwargs)  # type: ignore[arg-type]
+    assert seen[-1] == (len(parallel), len(parallel))
+
+
 def test_the_recommended_config_loads_and_says_what_was_chosen():
     row = evaluate(Candidate("threshold", 1, 2, 768), [(0.0, 100, 4), (1.0, 2000, 4)], EngineProfile(), Slo(5.0, 0.1))
     config = parse_config(config_for(row, Slo(5.0, 0.1)))

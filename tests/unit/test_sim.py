@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from dpd.bench.stats import percentile, weighted_percentile
 from dpd.router.adaptive import Slo
-from dpd.sim.engine import EngineProfile, SimEndpoint
+from dpd.sim.engine import Engine, EngineProfile, Job, Sim, SimEndpoint
 
 PROFILE = EngineProfile(prefill_tokens_per_s=100.0, step_overhead_s=0.1, decode_s_per_stream=0.0,
                         max_batched_tokens=500, kv_transfer_s=0.5)
@@ -47,3 +48,32 @@ def test_the_adaptive_policy_runs_inside_the_simulator():
     outs = SimEndpoint("adaptive", profile=PROFILE, slo=Slo(10.0, 0.5)).replay(requests)
     assert all(o.first_s == o.first_s for o in outs)  # every request served (no NaN)
     assert {o.reason for o in outs} <= {"short_prompt", "decoder_busy", "prefill_queue_long", "split_no_gain"}
+
+
+def test_an_arrival_cuts_a_decode_only_stretch_at_the_step_under_way():
+    """a decodes alone in 0.1 s steps (one event for the stretch); b arrives at 0.55, inside the
+    step ending at 0.6, and its 100-token prefill runs in the next step (0.1 + 1 s) beside a's token."""
+    a, b = SimEndpoint("colocated", num_prefill=0, num_decode=1, profile=PROFILE).replay([(0.0, 10, 20), (0.55, 100, 3)])
+    assert a.token_times[:8] == pytest.approx([0.2, 0.3, 0.4, 0.5, 0.6, 1.7, 1.8, 1.9])
+    assert b.ttft_s == pytest.approx(1.7 - 0.55) and b.token_times == pytest.approx([1.7, 1.8, 1.9])
+    assert a.num_tokens == 20 and a.tpot_s == pytest.approx((a.token_times[-1] - 0.2) / 19)
+
+
+def test_the_router_sees_the_tokens_of_a_stretch_made_so_far():
+    sim, seen = Sim(), []
+    engine = Engine(sim, PROFILE)
+    job = Job(10, 50, lambda t: None, lambda n, gap, t: seen.append((n, round(gap, 9), round(t, 9))), lambda t: None)
+    sim.at(0.0, lambda: engine.submit(job))
+    sim.at(0.65, engine.sync)  # first token at 0.2, then steps end at 0.3 … 0.6: four done by 0.65
+    sim.run()
+    assert seen[0] == (4, 0.1, 0.6) and job.generated == 50
+    assert sum(n for n, _, _ in seen) == 49 and seen[-1][2] == pytest.approx(0.2 + 49 * 0.1)
+
+
+@pytest.mark.parametrize("q", [0.0, 0.5, 0.9, 0.99, 1.0])
+def test_a_weighted_percentile_is_the_percentile_of_the_expanded_list(q):
+    counted = [(0.3, 5), (0.1, 1), (2.0, 2), (0.1, 3), (0.7, 0), (float("inf"), 1)]
+    expanded = [v for v, n in counted for _ in range(n)]
+    assert weighted_percentile(counted, q) == pytest.approx(percentile(expanded, q))
+    assert weighted_percentile([(0.5, 4)], q) == 0.5
+    assert weighted_percentile([], q) != weighted_percentile([], q)  # NaN, as percentile
