@@ -355,6 +355,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
             print(f"dpd plan --check: {exc}", file=sys.stderr)
             return 2
         return 0
+    if args.speed:
+        return _plan_speed(args)
     try:
         profile = Profile.load(args.profile)
         workload = "synthetic" if args.trace == "synthetic" else "trace"
@@ -388,6 +390,49 @@ def _cmd_plan(args: argparse.Namespace) -> int:
           + ("" if choice.attainment >= args.target else f" (no candidate reaches {args.target:.0%}: the best found)"))
     Path(args.out).write_text(render_config(choice, slo))
     print(f"config written to {args.out}")
+    return 0
+
+
+def _plan_speed(args: argparse.Namespace) -> int:
+    from dpd.bench.workloads import load_trace
+    from dpd.router.adaptive import Slo
+    from dpd.sim import speed
+    from dpd.sim.profile import Profile
+
+    try:
+        profile = Profile.load(args.profile).engine
+        trace = [(r.arrival_s, min(r.num_prompt_tokens, args.max_prompt_tokens), max(1, min(r.num_output_tokens, args.max_output_tokens)))
+                 for r in load_trace(args.trace)]
+    except (OSError, ValueError) as exc:
+        print(f"dpd plan --speed: {exc}", file=sys.stderr)
+        return 2
+    if len(trace) < 2:
+        print("dpd plan --speed: the trace has fewer than two requests", file=sys.stderr)
+        return 2
+    if not args.cluster_hours > 0:
+        print("dpd plan --speed: --cluster-hours must be > 0", file=sys.stderr)
+        return 2
+    slo = Slo(args.slo_ttft, args.slo_tpot)
+    threshold = args.thresholds[0] if args.thresholds else 512
+    # The whole trace, time-compressed so that its work loads two workers to 70%.
+    span = trace[-1][0] - trace[0][0]
+    factor = sum(speed.work_s(r, profile) for r in trace) / (0.7 * 2 * max(span, 1e-9))
+    two = [((t - trace[0][0]) * factor, p, o) for t, p, o in trace]
+    print(f"Per policy: the trace's {len(two):,} requests on two workers (profile {args.profile})", file=sys.stderr)
+    rows = speed.per_policy(two, profile, slo, threshold)
+    print(speed.table(rows), flush=True)
+    if args.cluster_workers:
+        requests_ = speed.replicated(trace, args.cluster_workers, profile, hours=args.cluster_hours)
+        print(f"Cluster: {args.cluster_workers} workers, {args.cluster_hours:g} h of the trace replicated to "
+              f"{len(requests_):,} requests", file=sys.stderr)
+        started = time.perf_counter()
+
+        def progress(share: float) -> None:
+            if round(share * 100) % 5 == 0:
+                print(f"  {share:.0%} routed, {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
+
+        row = speed.cluster(requests_, args.cluster_workers, profile, slo, threshold, progress=progress)
+        print(speed.table([row]))
     return 0
 
 
@@ -648,6 +693,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-output-tokens", type=int, default=512)
     p.add_argument("--price-per-worker-hour", type=float, help="adds cost per million output tokens")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--speed", action="store_true", help="instead: how fast the simulator runs here (simulated "
+                   "requests per second per policy, and a cluster with --cluster-workers)")
+    p.add_argument("--cluster-workers", type=_at_least(0), default=0, help="--speed: also simulate this many workers")
+    p.add_argument("--cluster-hours", type=float, default=1.0, help="--speed: hours of traffic for the cluster")
     p.add_argument("--jobs", type=_at_least(1), default=len(os.sched_getaffinity(0)), help="processes simulating candidates in parallel "
                    "(default: this machine's cores)")
     p.add_argument("--out", default="planned-endpoint.yaml", help="where the recommended config is written")

@@ -2,7 +2,8 @@
 
 Workers are modelled at the level of engine steps, the way vLLM's scheduler works: each step
 gives every running stream its next token and spends what is left of the token budget
-(``max_batched_tokens``) on waiting prefills, oldest first, in chunks; a step takes
+(``max_batched_tokens``) on waiting prefills, oldest first, in chunks, up to ``max_num_seqs``
+requests in all; a step takes
 ``step_overhead_s + prefill tokens / prefill_tokens_per_s + streams × decode_s_per_stream``.
 So a long prefill stalls every stream of its worker for its whole step, as on a CPU worker.
 
@@ -40,10 +41,11 @@ class EngineProfile:
     step_overhead_s: float = 0.05
     decode_s_per_stream: float = 0.002
     max_batched_tokens: int = 2048
+    max_num_seqs: int = 256  # requests in a step at most (vLLM's default on CPU and smaller GPUs)
     kv_transfer_s: float = 0.25  # the decode hop's first token after the prefill answered
 
 
-@dataclass
+@dataclass(eq=False)  # each job is itself: found in the engine's lists by identity
 class Job:
     prompt_tokens: int
     output_tokens: int
@@ -138,8 +140,9 @@ class Engine:
         budget = p.max_batched_tokens - len(self.running)
         decoding = list(self.running)
         chunks: list[tuple[Job, int]] = []
+        room = p.max_num_seqs - len(self.running)
         for job in self.waiting:
-            if budget <= 0:
+            if budget <= 0 or len(chunks) >= room:
                 break
             take = min(job.remaining_prefill, budget) if job.remaining_prefill else 1
             chunks.append((job, take))
@@ -265,11 +268,16 @@ class SimEndpoint:
         self.adaptive = AdaptiveDecider(floor_tokens, self.endpoint, stall_weight=stall_weight, slo=slo)
         self.picker = LeastOutstandingPicker(random.Random(seed))  # the router's default picker
 
-    def replay(self, requests: list[tuple[float, int, int]]) -> list[Outcome]:
-        """Serve (arrival s, prompt tokens, output tokens) requests; their outcomes in order."""
+    def replay(self, requests: list[tuple[float, int, int]],
+               progress: Callable[[float], None] | None = None) -> list[Outcome]:
+        """Serve (arrival s, prompt tokens, output tokens) requests; their outcomes in order.
+        ``progress``: called with the share of requests routed, every 1%."""
         outcomes = [Outcome(n, m, t) for t, n, m in requests]
-        for outcome in outcomes:
+        step = max(1, len(outcomes) // 100)
+        for i, outcome in enumerate(outcomes):
             self.sim.at(outcome.arrival_s, lambda o=outcome: self._route(o))  # type: ignore[misc]
+            if progress is not None and (i + 1) % step == 0:
+                self.sim.at(outcome.arrival_s, lambda share=(i + 1) / len(outcomes): progress(share))  # type: ignore[misc]
         self.sim.run()
         return outcomes
 

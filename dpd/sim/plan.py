@@ -18,7 +18,6 @@ from __future__ import annotations
 import copy
 import math
 import multiprocessing
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -183,10 +182,3 @@ def render_config(row: Row, slo: Slo, base: dict | None = None) -> str:
     if c.policy == "colocated":
         head += "# colocated: run it with `dpd serve THIS_FILE --colocated`\n"
     return head + yaml.safe_dump(config_for(row, slo, base), sort_keys=False)
-
-
-def speed(requests: list[tuple[float, int, int]], profile: EngineProfile, slo: Slo, candidate: Candidate) -> float:
-    """Simulated requests per second of wall time for one candidate."""
-    started = time.perf_counter()
-    evaluate(candidate, requests, profile, slo)
-    return len(requests) / (time.perf_counter() - started)

@@ -211,3 +211,17 @@ def test_the_split_is_measured_under_the_static_split_and_the_policy_restored(mo
     assert profile.measure_split("http://router", "m", seed=0, progress=lambda *_: None) == 0.09
     assert calls == [("threshold", {"threshold_tokens": 0}), ("policy", {"policy": "threshold"}),
                      ("threshold", {"threshold_tokens": 512}), ("policy", {"policy": "adaptive"})]
+
+
+def test_the_speed_benchmarks_cluster_load_is_the_trace_replicated_to_fill_the_workers():
+    from dpd.sim import speed
+
+    profile = EngineProfile(prefill_tokens_per_s=100.0, step_overhead_s=0.0, decode_s_per_stream=0.0)
+    trace = [(float(t), 100, 1) for t in range(0, 600, 10)]  # 10 minutes, one second of work every 10 s
+    hour = speed.replicated(trace, 20, profile, hours=1.0, utilization=0.5)
+    # an hour is the trace six times (360 requests, 360 s of work); 20 workers at 50% need 36,000 s: 100 copies
+    assert len(hour) == 360 * 100
+    assert all(b[0] >= a[0] for a, b in zip(hour, hour[1:])) and hour[-1][0] < 3600 + 1
+    assert sum(speed.work_s(r, profile) for r in hour) == pytest.approx(0.5 * 20 * 3600)
+    with pytest.raises(ValueError):
+        speed.replicated([], 1, profile)

@@ -77,3 +77,18 @@ def test_a_weighted_percentile_is_the_percentile_of_the_expanded_list(q):
     assert weighted_percentile(counted, q) == pytest.approx(percentile(expanded, q))
     assert weighted_percentile([(0.5, 4)], q) == 0.5
     assert weighted_percentile([], q) != weighted_percentile([], q)  # NaN, as percentile
+
+
+def test_no_more_than_max_num_seqs_requests_share_a_step():
+    """Two sequences at most: the third prompt waits until the first stream ends (vLLM's
+    max_num_seqs), although the token budget would take it."""
+    from dataclasses import replace
+
+    profile = replace(PROFILE, max_num_seqs=2)
+    outs = SimEndpoint("colocated", num_prefill=0, num_decode=1, profile=profile).replay(
+        [(0.0, 10, 3), (0.0, 10, 5), (0.0, 10, 2)])
+    # a's prefill alone (0.1 + 0.1 s, it arrived first), then b's beside a's token (→ 0.4); c waits;
+    # a decode step with a and b (→ 0.5) ends a; then c's prefill beside b's token (→ 0.7).
+    assert [o.first_s for o in outs[:2]] == pytest.approx([0.2, 0.4])
+    assert outs[0].last_s == pytest.approx(0.5)
+    assert outs[2].first_s == pytest.approx(0.5 + 0.2)  # admitted in the step after a's last: 0.1 + 10/100 s
