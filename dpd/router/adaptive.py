@@ -43,6 +43,7 @@ Every input is read through ``Worker.load`` and ``EndpointLoad`` — the interfa
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -97,7 +98,7 @@ class AdaptiveDecider:
         self.slo = slo
         self.max_prefill_wait_s = max_prefill_wait_s  # the prefill hop's deadline (router.prefillTimeoutS)
         self.max_decode_wait_s = max_decode_wait_s  # the decode hop's first-token deadline (decodeFirstTokenTimeoutS)
-        self._slacks: dict[int, list[float]] = {}
+        self._slacks: dict[int, tuple[list[float], list[float]]] = {}
         self._services: dict[int, list[float]] = {}
         self._exposure: dict[tuple[int, int], float] = {}
 
@@ -231,14 +232,26 @@ class AdaptiveDecider:
         own_slack = (self.slo.tpot_s - 1 / d.load.decode_tokens_per_s) * max(m - 1, 0)
         own_misses = int(ttft > self.slo.ttft_s) + self._tpot_miss(exposure, own_slack, d, m)
         own_risk = TTFT_WEIGHT * min(1.0, ttft / self.slo.ttft_s) + (min(1.0, exposure / own_slack) if own_slack > 0 else 1.0)
-        slacks = self._slacks.get(id(prefiller))
-        if slacks is None:
-            slacks = self._slacks[id(prefiller)] = prefiller.load.stream_slacks_s(self.slo.tpot_s)
-        pushed = sum(slack < prefill_s for slack in slacks)
-        harm_risk = sum(prefill_s / slack for slack in slacks if slack >= prefill_s and slack > 0)
+        slacks, inverse_sums = self._sorted_slacks(prefiller)
+        # The streams whose slack the prefill exceeds are pushed past their TPOT; each other one
+        # (with slack left) loses prefill_s / slack of it: in O(log streams) from the sorted slacks.
+        pushed = bisect.bisect_left(slacks, prefill_s)
+        harm_risk = prefill_s * inverse_sums[pushed if prefill_s > 0 else bisect.bisect_right(slacks, 0.0)]
         misses = own_misses + pushed
         score = MISS_COST * misses + own_risk + self.stall_weight * harm_risk + TIE_BREAK * d.load.num_streams
         return Scored(decision, ttft, misses, score, pushed, prefill_s * len(slacks), decode_wait_s)
+
+    def _sorted_slacks(self, w: Worker) -> tuple[list[float], list[float]]:
+        """The stream slacks on ``w``, sorted, and for each position the sum of 1 / slack from
+        there on (positive slacks only); once per decision."""
+        found = self._slacks.get(id(w))
+        if found is None:
+            slacks = sorted(w.load.stream_slacks_s(self.slo.tpot_s))
+            inverse_sums = [0.0] * (len(slacks) + 1)
+            for i in range(len(slacks) - 1, -1, -1):
+                inverse_sums[i] = inverse_sums[i + 1] + (1 / slacks[i] if slacks[i] > 0 else 0.0)
+            found = self._slacks[id(w)] = (slacks, inverse_sums)
+        return found
 
     def _tpot_miss(self, exposure: float, slack: float, d: Worker, m: int) -> float:
         """The chance the new stream misses its TPOT target on ``d``: certain when the stall
