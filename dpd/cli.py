@@ -431,7 +431,8 @@ def _plan_speed(args: argparse.Namespace) -> int:
             if round(share * 100) % 5 == 0:
                 print(f"  {share:.0%} routed, {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
 
-        row = speed.cluster(requests_, args.cluster_workers, profile, slo, threshold, progress=progress)
+        row = speed.cluster(requests_, args.cluster_workers, profile, slo, threshold, policy=args.cluster_policy,
+                            progress=progress)
         print(speed.table([row]))
     return 0
 
@@ -697,6 +698,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "requests per second per policy, and a cluster with --cluster-workers)")
     p.add_argument("--cluster-workers", type=_at_least(0), default=0, help="--speed: also simulate this many workers")
     p.add_argument("--cluster-hours", type=float, default=1.0, help="--speed: hours of traffic for the cluster")
+    p.add_argument("--cluster-policy", choices=("threshold", "adaptive"), default="threshold",
+                   help="--speed: the cluster's routing policy (a 1:1 P:D split)")
     p.add_argument("--jobs", type=_at_least(1), default=len(os.sched_getaffinity(0)), help="processes simulating candidates in parallel "
                    "(default: this machine's cores)")
     p.add_argument("--out", default="planned-endpoint.yaml", help="where the recommended config is written")
