@@ -53,6 +53,7 @@ SCENARIOS = ("colocated", "dpd", "dpd-adaptive")
 TRACE_OFFSET = 2000  # the trace's first minutes are sparser than the rest
 MAX_CLIENT_LAG_S = 0.005
 MIN_REQUESTS_FOR_P99 = 100
+ROUND_INDEX_STRIDE = 1_000_000  # pooled rounds: round r's request i is index i + r × this (another pair)
 SLO_SCALES = (1.5, 2.0, 3.0, 5.0)  # the SLO scale's multiples of each request's best latency
 WORKER_ARGS = ("--no-enable-prefix-caching",)
 
@@ -178,13 +179,21 @@ def paired_ratio(mine: list[RequestRecord], base: list[RequestRecord], figure: s
         return a / b if b and b == b and math.isfinite(b) and math.isfinite(a) else math.nan
 
     point = ratio(list(range(len(pairs))))
-    lo, hi = bootstrap_ci(ratio, len(pairs), seed=seed)
+    lo, hi = bootstrap_ci(ratio, len(pairs), seed=seed, groups=_rounds([mine for mine, _ in pairs]))
     return {"ratio": point, "lo": lo, "hi": hi, "n": len(pairs)}
+
+
+def _rounds(records: list[RequestRecord]) -> list[list[int]]:
+    """Positions of ``records`` by round (the report offsets a round's request indices by ROUND_INDEX_STRIDE)."""
+    by_round: dict[int, list[int]] = {}
+    for i, r in enumerate(records):
+        by_round.setdefault(r.index // ROUND_INDEX_STRIDE, []).append(i)
+    return list(by_round.values())
 
 
 def attainment_ci(records: list[RequestRecord], slo: Slo, seed: int = 0) -> tuple[float, float]:
     met = [slo.is_met(r) for r in records]
-    return bootstrap_ci(lambda idx: sum(met[i] for i in idx) / len(idx), len(met), seed=seed)
+    return bootstrap_ci(lambda idx: sum(met[i] for i in idx) / len(idx), len(met), seed=seed, groups=_rounds(records))
 
 
 def capacity(attainments: dict[float, float], bar: float = 0.9) -> float:
@@ -331,7 +340,8 @@ def report(results: dict) -> str:
     spec = results["spec"]
     slo = Slo(**spec["slo"])
     lines = [f"SLO: TTFT ≤ {slo.ttft_s:g} s and TPOT ≤ {slo.tpot_s:g} s. Classes: long = prompt ≥ "
-             f"{spec['threshold_tokens']} tokens (the static split's threshold). Intervals: 95% bootstrap over requests; "
+             f"{spec['threshold_tokens']} tokens (the static split's threshold). Intervals: 95% bootstrap over rounds "
+             "(when there are several), then requests; "
              f"ratios paired by request. {spec['rounds']} round(s); P99 where a class has ≥ {MIN_REQUESTS_FOR_P99} "
              "requests, else P90."]
     for workload, description in results["workloads"].items():
@@ -346,7 +356,7 @@ def report(results: dict) -> str:
         for r in runs:
             recs = _records(r)
             for rec in recs:
-                rec.index += 1_000_000 * r["round"]  # the same request in another round is another pair
+                rec.index += ROUND_INDEX_STRIDE * r["round"]  # the same request in another round is another pair
             pooled.setdefault((r["scenario"], r["rate_rps"]), []).extend(recs)
         lags = {(r["scenario"], r["rate_rps"]): r["client_lag_p99_s"] for r in runs}
         attainments: dict[str, dict[float, float]] = {}

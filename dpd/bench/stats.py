@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import random
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 
@@ -121,18 +121,28 @@ def summarize(records: list[RequestRecord], duration_s: float, slo: Slo) -> dict
 
 
 def bootstrap_ci(statistic: Callable[[list[int]], float], num_items: int, *, num_resamples: int = 1000,
-                 level: float = 0.95, seed: int = 0) -> tuple[float, float]:
+                 level: float = 0.95, seed: int = 0, groups: Sequence[Sequence[int]] | None = None) -> tuple[float, float]:
     """Percentile-bootstrap interval of ``statistic`` over ``num_items`` items (requests):
     each resample draws item indices with replacement and hands them to ``statistic``, which
     computes the figure from those items only — so a paired ratio (the same requests in two
     scenarios) resamples requests once for both, and pooled figures (ITL) resample requests,
-    never individual gaps. NaN resamples are dropped; (NaN, NaN) when none is finite."""
+    never individual gaps. NaN resamples are dropped; (NaN, NaN) when none is finite.
+
+    ``groups`` (the items of each round of a repeated benchmark), when there are several: each
+    resample draws the rounds with replacement, then the items within each drawn round — so
+    the interval carries the spread between rounds (order, machine state), which resampling
+    requests alone cannot see."""
     if num_items <= 0:
         return float("nan"), float("nan")
     rng = random.Random(seed)
+    rounds = [list(g) for g in groups or () if g]
     values = []
     for _ in range(num_resamples):
-        value = statistic([rng.randrange(num_items) for _ in range(num_items)])
+        if len(rounds) > 1:
+            drawn = [rounds[rng.randrange(len(rounds))] for _ in rounds]
+            value = statistic([g[rng.randrange(len(g))] for g in drawn for _ in g])
+        else:
+            value = statistic([rng.randrange(num_items) for _ in range(num_items)])
         if value == value:
             values.append(value)
     if not values:

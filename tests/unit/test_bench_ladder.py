@@ -83,6 +83,19 @@ def test_bootstrap_of_a_mean_has_the_textbook_interval():
     assert lo == pytest.approx(mean - half, abs=0.05) and hi == pytest.approx(mean + half, abs=0.05)
 
 
+def test_rounds_that_disagree_widen_the_interval_to_span_them():
+    """Two rounds of 200 requests: every request met the SLO in round 1, 60% in round 2. Resampling
+    requests alone gives about 0.80 ± 0.04; resampling rounds first reaches both rounds' values."""
+    met = [1.0] * 200 + [1.0 if i % 5 < 3 else 0.0 for i in range(200)]
+    mean = lambda idx: sum(met[i] for i in idx) / len(idx)  # noqa: E731
+    flat = bootstrap_ci(mean, len(met), seed=1)
+    by_round = bootstrap_ci(mean, len(met), seed=1, groups=[range(200), range(200, 400)])
+    assert 0.74 < flat[0] < 0.8 < flat[1] < 0.86
+    assert by_round[0] == pytest.approx(0.6, abs=0.05) and by_round[1] == pytest.approx(1.0, abs=0.01)
+    # one round: the same as no groups
+    assert bootstrap_ci(mean, len(met), seed=1, groups=[range(400)]) == flat
+
+
 def test_per_token_gaps_from_multi_token_chunks():
     record = RequestRecord(ttft_s=1.0, e2e_s=2.0, num_output_tokens=6)
     add_token_gaps(record, None, 2)  # the first chunk carried 2 tokens
