@@ -44,6 +44,7 @@ Every input is read through ``Worker.load`` and ``EndpointLoad`` — the interfa
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -75,8 +76,8 @@ class Slo:
     tpot_s: float = 0.2
 
 
-@dataclass(frozen=True)
-class Scored:
+@dataclass(slots=True)
+class Scored:  # not frozen: scored for every plan of every decision, and never changed
     decision: Decision
     ttft_s: float
     misses: float  # SLO misses predicted (expected): its own TTFT and TPOT, the streams its prefill pushes past theirs
@@ -101,6 +102,7 @@ class AdaptiveDecider:
         self._slacks: dict[int, tuple[list[float], list[float]]] = {}
         self._services: dict[int, list[float]] = {}
         self._exposure: dict[tuple[int, int], float] = {}
+        self._prefill_times: dict[tuple[int, int], float] = {}
 
     @property
     def threshold_tokens(self) -> int:
@@ -124,7 +126,7 @@ class AdaptiveDecider:
               cached: Mapping[Worker, int]) -> Decision | None:
         # Per-worker figures every plan through that worker reads (a pool of P prefillers and D
         # decoders has P × D splits): computed once per decision, the same values as uncached.
-        self._slacks, self._services, self._exposure = {}, {}, {}
+        self._slacks, self._services, self._exposure, self._prefill_times = {}, {}, {}, {}
         candidates = self._shortlist(candidates, num_prompt_tokens, cached)
         n = num_prompt_tokens
         m = num_output_tokens if num_output_tokens is not None else round(self.endpoint.output_tokens.value)
@@ -143,7 +145,7 @@ class AdaptiveDecider:
         pairs = [(p, d) for p in candidates.prefillers for d in candidates.decoders if p is not d]
         if not pairs:
             return _with_reason(best_whole, Reason.PREFILL_UNAVAILABLE)
-        splits = [scored for p, d in pairs if p.load.prefill_s(n - cached.get(p, 0)) <= self.max_prefill_wait_s
+        splits = [scored for p, d in pairs if self._prefill_s(p, n - cached.get(p, 0)) <= self.max_prefill_wait_s
                   and (scored := self._split(p, d, n - cached.get(p, 0), m)).decode_wait_s <= self.max_decode_wait_s]
         if not splits:
             # No split is possible because the prefill pool, or the decoder's own prefills, are
@@ -183,18 +185,28 @@ class AdaptiveDecider:
         of the prompt in cache, then the least loaded — prefillers by their queue's wait,
         decoders by queued prefill tokens, then streams. Pools within the limit are unchanged."""
         k = self.max_candidates
+        held = cached.get
 
-        def keep(workers: Sequence[Worker], key: Callable[[Worker], tuple[float, ...]]) -> Sequence[Worker]:
-            if len(workers) <= k:
-                return workers
-            chosen = {id(w) for w in sorted(workers, key=key)[:k]}
-            return [w for w in workers if id(w) in chosen]  # in their order: ties still go the same way
+        def prefiller_keys(workers: Sequence[Worker]) -> list[tuple[float, ...]]:
+            return [(-held(w, 0), w.load.prefill_s(n)) for w in workers]
 
-        def decoder_key(w: Worker) -> tuple[float, ...]:
-            return (-cached.get(w, 0), w.load.queued_prefill_tokens, w.load.num_streams)
+        def decoder_keys(workers: Sequence[Worker]) -> list[tuple[float, ...]]:
+            # One pass of attribute reads (a pool of hundreds is read on every decision).
+            return [(-held(w, 0), w.load.queued_prefill_tokens, w.load.num_streams) for w in workers]
 
-        return Candidates(keep(candidates.prefillers, lambda w: (-cached.get(w, 0), w.load.prefill_s(n))),
-                          keep(candidates.decoders, decoder_key), keep(candidates.others, decoder_key))
+        def keep(workers: Sequence[Worker], keys: Callable[[Sequence[Worker]], list[tuple[float, ...]]]) -> Sequence[Worker]:
+            return workers if len(workers) <= k else _k_smallest(workers, keys(workers), k)
+
+        return Candidates(keep(candidates.prefillers, prefiller_keys), keep(candidates.decoders, decoder_keys),
+                          keep(candidates.others, decoder_keys))
+
+    def _prefill_s(self, w: Worker, n: int) -> float:
+        """``w.load.prefill_s(n)``, read once per decision (a P × D pool reads it for every pair)."""
+        key = (id(w), n)
+        found = self._prefill_times.get(key)
+        if found is None:
+            found = self._prefill_times[key] = w.load.prefill_s(n)
+        return found
 
     def _is_small(self, scored: Scored, n: int) -> bool:
         """A prompt whose prefill takes at most SMALL_PREFILL of the TTFT target where it would run whole."""
@@ -216,7 +228,7 @@ class AdaptiveDecider:
         return self._scored(decision, ttft, exposure, w, m, prefill_s, w)
 
     def _split(self, p: Worker, d: Worker, n: int, m: int) -> Scored:
-        ttft = p.load.prefill_s(n) + self.endpoint.split_overhead.value
+        ttft = self._prefill_s(p, n) + self.endpoint.split_overhead.value
         prefill_s = n / p.load.prefill_tokens_per_s
         # The decoder's queued prefills stall the stream only as far as they outlast the split's
         # own prefill and KV pull.
@@ -274,6 +286,21 @@ class AdaptiveDecider:
             u = min(w.load.prefill_utilization(), MAX_UTILIZATION)
             self._exposure[key] = (m / w.load.decode_tokens_per_s) * u / (1 - u)
         return self._exposure[key]
+
+
+def _k_smallest(workers: Sequence[Worker], keys: list[tuple[float, ...]], k: int) -> list[Worker]:
+    """The ``k`` workers of the smallest keys, in their order — what a stable sort's first ``k``
+    would hold (of equal keys, the earlier) — in O(workers × log k)."""
+    bound = heapq.nsmallest(k, keys)[-1]
+    room = k - sum(1 for key in keys if key < bound)  # of the workers at the bound, how many fit
+    chosen = []
+    for w, key in zip(workers, keys):
+        if key < bound:
+            chosen.append(w)
+        elif key == bound and room > 0:
+            chosen.append(w)
+            room -= 1
+    return chosen
 
 
 def _with_reason(scored: Scored, reason: Reason) -> Decision:

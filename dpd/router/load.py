@@ -208,7 +208,10 @@ class WorkerLoad:
 
     @property
     def prefill_tokens_per_s(self) -> float:
-        return max(_own_or_shared(self.prefill_rate, self.shared.prefill_rate), 1.0)
+        own, shared = self.prefill_rate, self.shared.prefill_rate
+        # _own_or_shared, inlined: the adaptive policy reads it for every worker of a large pool
+        rate = own.value if own.is_measured or not shared.is_measured else shared.value
+        return max(rate, 1.0)
 
     def prefill_s(self, num_tokens: int) -> float:
         """Predicted time until a prefill of ``num_tokens`` sent now finishes (queue included)."""

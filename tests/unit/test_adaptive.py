@@ -307,3 +307,23 @@ def test_a_large_pool_is_shortlisted_to_the_least_loaded_workers():
     assert d._shortlist(small, 3000, {}) == small
     plan = d.plan(3000, 16, Candidates(prefill, decode, prefill))
     assert plan is not None and plan.decode in shortlist.decoders + shortlist.prefillers
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_shortlist_holds_what_a_stable_sort_would_keep(seed):
+    """The shortlist reads each worker once and keeps the k smallest keys in O(n log k): the same
+    workers, in the same order, as the first k of a stable sort — ties (many idle workers in a
+    large pool) go to the earlier worker, as they did."""
+    import random
+
+    from dpd.router.adaptive import _k_smallest
+
+    rng = random.Random(seed)
+    n, k = rng.randint(1, 60), rng.randint(1, 10)
+    workers = [worker(f"w-{i}") for i in range(n)]
+    keys = [(rng.choice([0, 0, -128]), rng.randint(0, 3), rng.randint(0, 2)) for _ in range(n)]
+    by_name = dict(zip((w.name for w in workers), keys))
+    expected = {w.name for w in sorted(workers, key=lambda w: by_name[w.name])[:k]}
+    chosen = _k_smallest(workers, keys, k)
+    assert {w.name for w in chosen} == expected
+    assert [w.name for w in chosen] == [w.name for w in workers if w.name in expected]  # in their order
