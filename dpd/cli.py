@@ -238,6 +238,8 @@ def _cmd_bench_ladder(args: argparse.Namespace) -> int:
         problems.append("--rates needs at least one rate")
     if args.requests < 2 or args.rounds < 1:
         problems.append("--requests must be >= 2 and --rounds >= 1")
+    if args.adaptive_max_stall is not None and not args.adaptive_max_stall > 0:
+        problems.append("--adaptive-max-stall must be > 0 seconds")
     if problems:
         for problem in problems:
             print(f"dpd bench ladder: {problem}", file=sys.stderr)
@@ -245,7 +247,8 @@ def _cmd_bench_ladder(args: argparse.Namespace) -> int:
     spec = LadderSpec(
         trace_dir=args.trace, rates_rps=args.rates, slo=Slo(args.slo_ttft, args.slo_tpot), workloads=workloads,
         scenarios=scenarios, num_requests=args.requests, rounds=args.rounds, threshold_tokens=args.threshold,
-        adaptive_floor_tokens=args.adaptive_floor, max_prompt_tokens=args.max_prompt_tokens,
+        adaptive_floor_tokens=args.adaptive_floor, adaptive_max_stall_s=args.adaptive_max_stall,
+        max_prompt_tokens=args.max_prompt_tokens,
         max_output_tokens=args.max_output_tokens, seed=args.seed, burstiness=args.burstiness,
         workload_rates=tuple((w, r) for w, r in (("trace", args.trace_rates), ("synthetic", args.synthetic_rates)) if r),
     )
@@ -619,6 +622,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--rounds", type=int, default=1, help="repeats of the whole ladder (rates shuffled, order rotated)")
     b.add_argument("--threshold", type=int, default=512, help="the static split's threshold (and the long/short class boundary)")
     b.add_argument("--adaptive-floor", type=int, default=0, help="the adaptive policy's floor (routingThreshold)")
+    b.add_argument("--adaptive-max-stall", type=float, default=None,
+                   help="the adaptive policy's stall limit, seconds (router.adaptive.maxStallS; default: none)")
     b.add_argument("--slo-ttft", type=float, default=10.0, help="TTFT SLO, seconds")
     b.add_argument("--slo-tpot", type=float, default=0.2, help="TPOT SLO, seconds")
     b.add_argument("--max-prompt-tokens", type=int, default=768,

@@ -69,6 +69,7 @@ class LadderSpec:
     rounds: int = 1
     threshold_tokens: int = 512  # the static split's threshold; also the short/long class boundary
     adaptive_floor_tokens: int = 0
+    adaptive_max_stall_s: float | None = None  # pdSpec.router.adaptive.maxStallS (unset: none)
     max_prompt_tokens: int = 768
     max_output_tokens: int = 48
     model: str = "smollm2-135m"
@@ -222,7 +223,7 @@ def endpoints(spec: LadderSpec, work_dir: Path) -> Iterator[dict[str, ServeProce
             config = write_config(d / "endpoint.yaml", router_port=ports[0], worker_base_port=ports[1],
                                   side_channel_base_port=ports[2], worker_args=WORKER_ARGS,
                                   routingThreshold=spec.threshold_tokens, routingPolicy="threshold",
-                                  router={"adaptive": {"ttftSloS": spec.slo.ttft_s, "tpotSloS": spec.slo.tpot_s}})
+                                  router={"adaptive": adaptive_settings(spec)})
             serves[kind] = ServeProcess(config, *flag, log_path=d / "serve.log")
         for kind, serve in serves.items():
             print(f"[ladder] waiting for the {kind} endpoint (~3–5 min for both)", file=sys.stderr, flush=True)
@@ -232,6 +233,14 @@ def endpoints(spec: LadderSpec, work_dir: Path) -> Iterator[dict[str, ServeProce
         for serve in serves.values():
             if serve.stop():
                 print("warning: processes survived an endpoint's stop", file=sys.stderr)
+
+
+def adaptive_settings(spec: LadderSpec) -> dict:
+    """The P/D endpoint's ``router.adaptive``: the ladder's SLO, and the stall limit where given."""
+    settings: dict = {"ttftSloS": spec.slo.ttft_s, "tpotSloS": spec.slo.tpot_s}
+    if spec.adaptive_max_stall_s is not None:
+        settings["maxStallS"] = spec.adaptive_max_stall_s
+    return settings
 
 
 def configure(serve: ServeProcess, scenario: str, spec: LadderSpec) -> None:
@@ -344,6 +353,8 @@ def report(results: dict) -> str:
              "(when there are several), then requests; "
              f"ratios paired by request. {spec['rounds']} round(s); P99 where a class has ≥ {MIN_REQUESTS_FOR_P99} "
              "requests, else P90."]
+    if spec.get("adaptive_max_stall_s") is not None:
+        lines[0] += f" dpd-adaptive ran with a stall limit (maxStallS) of {spec['adaptive_max_stall_s']:g} s."
     for workload, description in results["workloads"].items():
         runs = [r for r in results["runs"] if r["workload"] == workload]
         if not runs:

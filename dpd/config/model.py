@@ -311,6 +311,14 @@ class AdaptiveSpec(_Frozen):
         "it counts a miss. The policy minimises predicted misses first, then latency. Unset: `router.slo.tpotS`."
     )
 
+    maxStallS: float | None = Field(
+        default=None, gt=0, description="The longest pause a plan's prefill may impose on the streams decoding on the "
+        "worker that runs it (one inter-token gap: the ITL tail to protect). A plan whose prefill is predicted to take "
+        "longer counts a miss for each such stream, so a large prompt goes to a worker with no streams (a split) while "
+        "one can meet the TTFT target. Unset: only the TPOT target bounds stalls, and a stall within a stream's TPOT "
+        "slack costs it little."
+    )
+
     def targets(self, slo: SloSpec) -> tuple[float, float]:
         """(TTFT, TPOT) the policy serves: its own where set, else the router's SLO."""
         return (self.ttftSloS if self.ttftSloS is not None else slo.ttftS,

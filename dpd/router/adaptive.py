@@ -90,8 +90,10 @@ class Scored:  # not frozen: scored for every plan of every decision, and never 
 class AdaptiveDecider:
     def __init__(self, floor_tokens: int, endpoint: EndpointLoad, *, stall_weight: float = 1.0,
                  is_colocated: bool = False, slo: Slo = Slo(), max_prefill_wait_s: float = math.inf,
-                 max_decode_wait_s: float = math.inf, max_candidates: int = MAX_CANDIDATES):
+                 max_decode_wait_s: float = math.inf, max_candidates: int = MAX_CANDIDATES,
+                 max_stall_s: float = math.inf):
         self.set_threshold(floor_tokens)
+        self.max_stall_s = max_stall_s  # the longest pause a prefill may impose on a stream (pdSpec…maxStallS)
         self.max_candidates = max_candidates
         self.endpoint = endpoint
         self.stall_weight = stall_weight
@@ -248,6 +250,8 @@ class AdaptiveDecider:
         # The streams whose slack the prefill exceeds are pushed past their TPOT; each other one
         # (with slack left) loses prefill_s / slack of it: in O(log streams) from the sorted slacks.
         pushed = bisect.bisect_left(slacks, prefill_s)
+        if prefill_s > self.max_stall_s:
+            pushed = len(slacks)  # every stream there pauses longer than the operator allows: a miss each
         harm_risk = prefill_s * inverse_sums[pushed if prefill_s > 0 else bisect.bisect_right(slacks, 0.0)]
         misses = own_misses + pushed
         score = MISS_COST * misses + own_risk + self.stall_weight * harm_risk + TIE_BREAK * d.load.num_streams
@@ -268,7 +272,8 @@ class AdaptiveDecider:
     def _tpot_miss(self, exposure: float, slack: float, d: Worker, m: int) -> float:
         """The chance the new stream misses its TPOT target on ``d``: certain when the stall
         already predicted exceeds its slack; else the chance that, while it decodes, ``d`` runs
-        at least one prefill longer than its slack (at the rate such prefills ran there lately)."""
+        at least one prefill longer than its slack, or than the stall limit where one is set (at
+        the rate such prefills ran there lately)."""
         if m <= 1:
             return 0.0
         if exposure > slack:
@@ -277,7 +282,8 @@ class AdaptiveDecider:
         services = self._services.get(id(d))
         if services is None:
             services = self._services[id(d)] = d.load.recent_services_s()
-        return 1.0 - math.exp(-d.load.stalls_longer_than_per_s(slack - exposure, services) * decode_s)
+        limit = min(slack - exposure, self.max_stall_s)
+        return 1.0 - math.exp(-d.load.stalls_longer_than_per_s(limit, services) * decode_s)
 
     def _future_stall_s(self, w: Worker, m: int) -> float:
         """The stall a new stream of ``m`` tokens can expect from prefills to come on ``w``."""

@@ -52,7 +52,8 @@ class RoutingPolicy:
                                         is_colocated=is_colocated, slo=Slo(*spec.targets(slo)),
                                         # margins for the measured rates' error
                                         max_prefill_wait_s=0.8 * prefill_timeout_s,
-                                        max_decode_wait_s=0.5 * decode_first_token_timeout_s)
+                                        max_decode_wait_s=0.5 * decode_first_token_timeout_s,
+                                        max_stall_s=spec.maxStallS if spec.maxStallS is not None else math.inf)
         self.set_policy(policy)
         metrics.threshold.set(threshold_tokens)
 
@@ -152,6 +153,7 @@ class RoutingPolicy:
             "threshold_tokens": self.threshold_tokens,
             "recommended_threshold_tokens": self.recommended_threshold(decode),
             "stall_weight": self.spec.stallWeight,
+            "max_stall_s": self.spec.maxStallS,
             "slo": {"ttft_s": self.adaptive.slo.ttft_s, "tpot_s": self.adaptive.slo.tpot_s},
             "split_overhead_s": round(self.endpoint.split_overhead.value, 4),
             "split_overhead_samples": self.endpoint.split_overhead.num_samples,

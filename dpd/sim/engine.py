@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import random
 from collections import deque
 from collections.abc import Callable
@@ -244,7 +245,7 @@ class SimEndpoint:
 
     def __init__(self, policy: str, *, num_prefill: int = 1, num_decode: int = 1, threshold_tokens: int = 512,
                  floor_tokens: int = 0, profile: EngineProfile = EngineProfile(), priors: LoadPriors = LoadPriors(),
-                 slo: Slo = Slo(), stall_weight: float = 1.0, seed: int = 0):
+                 slo: Slo = Slo(), stall_weight: float = 1.0, max_stall_s: float = math.inf, seed: int = 0):
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)}")
         self.sim = Sim()
@@ -265,7 +266,8 @@ class SimEndpoint:
             w.load.engine = self.engines[w.name]
         self.endpoint = EndpointLoad(priors)
         self.threshold = ThresholdDecider(threshold_tokens, is_colocated=policy == "colocated")
-        self.adaptive = AdaptiveDecider(floor_tokens, self.endpoint, stall_weight=stall_weight, slo=slo)
+        self.adaptive = AdaptiveDecider(floor_tokens, self.endpoint, stall_weight=stall_weight, slo=slo,
+                                        max_stall_s=max_stall_s)
         self.picker = LeastOutstandingPicker(random.Random(seed))  # the router's default picker
 
     def replay(self, requests: list[tuple[float, int, int]],

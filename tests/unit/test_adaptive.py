@@ -327,3 +327,21 @@ def test_the_shortlist_holds_what_a_stable_sort_would_keep(seed):
     chosen = _k_smallest(workers, keys, k)
     assert {w.name for w in chosen} == expected
     assert [w.name for w in chosen] == [w.name for w in workers if w.name in expected]  # in their order
+
+
+
+
+def test_a_stall_limit_counts_each_stream_a_prefill_would_pause_past_it():
+    # 300 tokens at 500 tokens/s pause a worker's streams 0.6 s, within a 64-token stream's TPOT
+    # slack: unlimited, no stream is pushed past its target; with a 0.2 s limit each stream on
+    # the worker that prefills counts a miss, and the plan prefers the worker with fewer.
+    def decider_(**kw):
+        return AdaptiveDecider(0, EndpointLoad(LoadPriors(split_overhead_s=0.3)), **kw)
+    assert decider_()._whole(worker("decode-0", streams=3), 300, 64).harm_misses == 0
+    limited = decider_(max_stall_s=0.2)
+    assert limited._whole(worker("prefill-0", streams=1), 300, 64).harm_misses == 1
+    assert limited._whole(worker("decode-0", streams=3), 300, 64).harm_misses == 3
+    assert limited._whole(worker("decode-0", streams=3), 50, 64).harm_misses == 0  # 0.1 s: within the limit
+    p, d = worker("prefill-0", streams=1), worker("decode-0", streams=3)
+    plan = limited.plan(300, 64, Candidates(prefillers=[p], decoders=[d], others=[p]))
+    assert plan.workers_label.startswith("prefill-0")  # the one stream there, not the three

@@ -10,6 +10,7 @@ import pytest
 from dpd.bench.client import add_token_gaps
 from dpd.bench.ladder import (
     LadderSpec,
+    adaptive_settings,
     at_rate,
     capacity,
     class_figures,
@@ -181,3 +182,11 @@ def test_the_slo_scale_multiplies_each_requests_own_best_latency():
     assert scaled_attainment(busy, isolated, 5.0) == 1.0
     assert scaled_attainment(busy + [RequestRecord(ttft_s=0, e2e_s=0, num_output_tokens=0, is_ok=False, index=0)],
                              isolated, 5.0) == pytest.approx(2 / 3)  # a failure never meets it
+
+
+def test_the_stall_limit_reaches_the_endpoint_config_only_when_given():
+    from dpd.config.model import AdaptiveSpec
+    assert "maxStallS" not in adaptive_settings(spec())
+    settings = adaptive_settings(spec(adaptive_max_stall_s=0.2))
+    assert settings == {"ttftSloS": 10, "tpotSloS": 0.2, "maxStallS": 0.2}
+    assert AdaptiveSpec(**settings).maxStallS == 0.2  # a valid config
