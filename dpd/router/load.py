@@ -98,7 +98,7 @@ class RecentMedian:
         return self._median
 
 
-@dataclass
+@dataclass(eq=False)  # a ticket is its identity: two alike in every field are still two prefills
 class PrefillTicket:
     """One prefill in flight on a worker; ``WorkerLoad.end_prefill`` closes it exactly once."""
 
@@ -108,7 +108,7 @@ class PrefillTicket:
     is_open: bool = True
 
 
-@dataclass
+@dataclass(eq=False)  # likewise: ``in`` and ``remove`` find this stream, not one equal to it
 class StreamTicket:
     """One stream decoding on a worker: its first token's time, the tokens it is expected to
     generate (``max_tokens``, else the endpoint's typical output) and those seen so far."""

@@ -345,3 +345,11 @@ def test_a_stall_limit_counts_each_stream_a_prefill_would_pause_past_it():
     p, d = worker("prefill-0", streams=1), worker("decode-0", streams=3)
     plan = limited.plan(300, 64, Candidates(prefillers=[p], decoders=[d], others=[p]))
     assert plan.workers_label.startswith("prefill-0")  # the one stream there, not the three
+
+
+def test_two_alike_streams_are_two_tickets():
+    clock = FakeClock()
+    load = WorkerLoad(LoadPriors(), clock)
+    first, second = load.begin_stream(8), load.begin_stream(8)  # same clock, same length: alike in every field
+    load.end_stream(second)
+    assert len(load.streams) == 1 and load.streams[0] is first
