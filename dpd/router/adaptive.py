@@ -91,9 +91,10 @@ class AdaptiveDecider:
     def __init__(self, floor_tokens: int, endpoint: EndpointLoad, *, stall_weight: float = 1.0,
                  is_colocated: bool = False, slo: Slo = Slo(), max_prefill_wait_s: float = math.inf,
                  max_decode_wait_s: float = math.inf, max_candidates: int = MAX_CANDIDATES,
-                 max_stall_s: float = math.inf):
+                 max_stall_s: float | None = None):
         self.set_threshold(floor_tokens)
-        self.max_stall_s = max_stall_s  # the longest pause a prefill may impose on a stream (pdSpec…maxStallS)
+        # the longest pause a prefill may impose on a stream (pdSpec…maxStallS); None: no limit
+        self.max_stall_s = math.inf if max_stall_s is None else max_stall_s
         self.max_candidates = max_candidates
         self.endpoint = endpoint
         self.stall_weight = stall_weight

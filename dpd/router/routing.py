@@ -53,7 +53,7 @@ class RoutingPolicy:
                                         # margins for the measured rates' error
                                         max_prefill_wait_s=0.8 * prefill_timeout_s,
                                         max_decode_wait_s=0.5 * decode_first_token_timeout_s,
-                                        max_stall_s=spec.maxStallS if spec.maxStallS is not None else math.inf)
+                                        max_stall_s=spec.maxStallS)
         self.set_policy(policy)
         metrics.threshold.set(threshold_tokens)
 

@@ -12,7 +12,6 @@ worker (two colocated workers for ``colocated``), the static split at the ladder
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,7 +68,7 @@ def check(results_path: str | Path, profile: EngineProfile) -> list[Comparison]:
         floor = spec.adaptive_floor_tokens if policy == "adaptive" else spec.threshold_tokens
         sim = SimEndpoint(policy, num_prefill=1, num_decode=1, threshold_tokens=floor, profile=profile, slo=slo,
                           floor_tokens=spec.adaptive_floor_tokens,
-                          max_stall_s=spec.adaptive_max_stall_s if spec.adaptive_max_stall_s is not None else math.inf)
+                          max_stall_s=spec.adaptive_max_stall_s)
         outcomes = sim.replay([(r.arrival_s, r.num_prompt_tokens, r.num_output_tokens) for r in trace])
         records = [RequestRecord(**r) for r in run["records"]]
         measured_ttft = [r.ttft_s if r.is_ok else float("inf") for r in records]

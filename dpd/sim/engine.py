@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import math
 import random
 from collections import deque
 from collections.abc import Callable
@@ -245,7 +244,7 @@ class SimEndpoint:
 
     def __init__(self, policy: str, *, num_prefill: int = 1, num_decode: int = 1, threshold_tokens: int = 512,
                  floor_tokens: int = 0, profile: EngineProfile = EngineProfile(), priors: LoadPriors = LoadPriors(),
-                 slo: Slo = Slo(), stall_weight: float = 1.0, max_stall_s: float = math.inf, seed: int = 0):
+                 slo: Slo = Slo(), stall_weight: float = 1.0, max_stall_s: float | None = None, seed: int = 0):
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)}")
         self.sim = Sim()
