@@ -347,10 +347,12 @@ def test_kill_decoder_mid_stream_and_after_a_prefill(endpoint, make_prompt, caps
     baseline = max(_prefill_kv_usage(endpoint), _prefill_kv_usage(endpoint))
     # In flight on the decoder when it dies: two streaming completions, a streaming chat and a
     # non-streaming chat, greedy; each answer is first recorded uninterrupted.
-    completion = {"model": MODEL, "prompt": "Count to one thousand:", "max_tokens": 48, "ignore_eos": True,
+    # 128 tokens: still streaming when the decoder dies on a machine twice as fast as this one's
+    # slowest (48 ended before the kill there).
+    completion = {"model": MODEL, "prompt": "Count to one thousand:", "max_tokens": 128, "ignore_eos": True,
                   "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
     chat = {"model": MODEL, "messages": [{"role": "user", "content": "Name the planets of the solar system."}],
-            "max_tokens": 48, "ignore_eos": True, "temperature": 0}
+            "max_tokens": 128, "ignore_eos": True, "temperature": 0}
     bodies = {"stream-a": ("/v1/completions", completion), "stream-b": ("/v1/completions", completion),
               "chat-stream": ("/v1/chat/completions", {**chat, "stream": True}),
               "chat": ("/v1/chat/completions", chat)}
