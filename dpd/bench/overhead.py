@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from dpd.bench.stats import percentile
+from dpd.bench.stats import bootstrap_ci, percentile
 
 WORDS = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa".split()
 
@@ -134,17 +134,31 @@ def peer_router(decode_url: str, prefill_url: str | None = None, api_key: str | 
             proc.wait()
 
 
+def difference_ci_ms(target: TargetResult, base: TargetResult, q: float, *, num_resamples: int = 1000,
+                     seed: int = 0) -> tuple[float, float]:
+    """95% bootstrap interval of ``target``'s TTFT quantile ``q`` less ``base``'s, in ms. The
+    samples are paired by round (each round sent one request to every target, in a shuffled
+    order): a resample draws rounds, the same ones for both targets."""
+    n = min(len(target.ttfts_s), len(base.ttfts_s))
+
+    def statistic(rounds: list[int]) -> float:
+        return (percentile([target.ttfts_s[i] for i in rounds], q) - percentile([base.ttfts_s[i] for i in rounds], q)) * 1000
+
+    return bootstrap_ci(statistic, n, num_resamples=num_resamples, seed=seed)
+
+
 def report(results: list[TargetResult], baseline: str) -> str:
     base = next(r for r in results if r.name == baseline)
     lines = [
-        "| target | n | median TTFT (ms) | p99 TTFT (ms) | median − direct (ms) | p99 − direct (ms) |",
+        f"| target | n | median TTFT (ms) | p99 TTFT (ms) | median − {baseline} (ms) [95% CI] | p99 − {baseline} (ms) [95% CI] |",
         "|---|---|---|---|---|---|",
     ]
     for r in results:
-        lines.append(
-            f"| {r.name} | {len(r.ttfts_s)} | {r.median_ms:.1f} | {r.p99_ms:.1f} | "
-            f"{r.median_ms - base.median_ms:+.1f} | {r.p99_ms - base.p99_ms:+.1f} |"
-        )
+        cells = []
+        for q, value in ((0.5, r.median_ms - base.median_ms), (0.99, r.p99_ms - base.p99_ms)):
+            low, high = difference_ci_ms(r, base, q) if r is not base else (0.0, 0.0)
+            cells.append(f"{value:+.1f} [{low:+.1f}, {high:+.1f}]")
+        lines.append(f"| {r.name} | {len(r.ttfts_s)} | {r.median_ms:.1f} | {r.p99_ms:.1f} | {cells[0]} | {cells[1]} |")
     return "\n".join(lines)
 
 
@@ -161,5 +175,8 @@ def run_overhead(
     print(report(results, "direct"))
     if out_json:
         with open(out_json, "w") as f:
-            json.dump({r.name: {"ttft_s": r.ttfts_s, "median_ms": r.median_ms, "p99_ms": r.p99_ms} for r in results}, f, indent=1)
+            base = next(r for r in results if r.name == "direct")
+            json.dump({r.name: {"ttft_s": r.ttfts_s, "median_ms": r.median_ms, "p99_ms": r.p99_ms,
+                                "median_minus_direct_ci95_ms": difference_ci_ms(r, base, 0.5),
+                                "p99_minus_direct_ci95_ms": difference_ci_ms(r, base, 0.99)} for r in results}, f, indent=1)
     return 0

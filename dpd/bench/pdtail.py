@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from dpd.bench.overhead import distinct_prompt, measure_ttft
-from dpd.bench.stats import counter_totals, percentile
+from dpd.bench.stats import bootstrap_ci, counter_totals, percentile
 
 HUGE_THRESHOLD = 1_000_000
 
@@ -109,9 +109,24 @@ async def run(
         merged = PathSamples(samples[f"{path}/short"].ttfts_s + samples[f"{path}/long"].ttfts_s)
         result[path] = merged.summary()
     result["p99_ratio"] = result["disaggregated"]["p99_s"] / result["direct"]["p99_s"]
+    result["p99_ratio_ci95"] = p99_ratio_ci(samples)
     result["fallbacks"] = sum(p == "fallback" for size in ("short", "long") for p in samples[f"disaggregated/{size}"].paths)
     result["router_counter_deltas"] = {k: after[k] - before.get(k, 0) for k in after}
     return result
+
+
+def p99_ratio_ci(samples: dict[str, PathSamples], *, num_resamples: int = 1000, seed: int = 0) -> tuple[float, float]:
+    """95% bootstrap interval of P99 TTFT disaggregated ÷ direct. Each prompt was sent once on
+    each path (distinct text, the same size): a resample draws prompts, and both of a prompt's
+    answers with it."""
+    pairs = [(d, c) for size in ("short", "long")
+             for d, c in zip(samples[f"disaggregated/{size}"].ttfts_s, samples[f"direct/{size}"].ttfts_s)]
+
+    def statistic(chosen: list[int]) -> float:
+        direct = percentile([pairs[i][1] for i in chosen], 0.99)
+        return percentile([pairs[i][0] for i in chosen], 0.99) / direct if direct > 0 else float("nan")
+
+    return bootstrap_ci(statistic, len(pairs), num_resamples=num_resamples, seed=seed)
 
 
 def main(args) -> int:

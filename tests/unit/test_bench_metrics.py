@@ -169,3 +169,29 @@ def test_failures_count_as_infinitely_slow():
     out = summarize(ok + failed, 10.0, Slo(1.0, 1.0))
     assert out["ttft_p50_s"] == pytest.approx(0.3) and out["ttft_p90_s"] == math.inf and out["tpot_p99_s"] == math.inf
     assert out["num_failed"] == 2 and out["slo_attainment"] == pytest.approx(0.6)
+
+
+def test_overhead_report_carries_paired_intervals():
+    """The router's added latency, paired by round: a target always 5 ms behind the direct one
+    has a difference of exactly +5 ms at every quantile, and so does every resample."""
+    from dpd.bench.overhead import TargetResult, difference_ci_ms, report
+
+    direct = TargetResult("direct", [0.1 + 0.001 * (i % 37) for i in range(100)])
+    dpd = TargetResult("dpd", [t + 0.005 for t in direct.ttfts_s])
+    assert difference_ci_ms(dpd, direct, 0.5) == pytest.approx((5.0, 5.0))
+    assert difference_ci_ms(dpd, direct, 0.99) == pytest.approx((5.0, 5.0))
+    row = report([direct, dpd], "direct").splitlines()[-1]
+    assert row.startswith("| dpd | 100 |") and "+5.0 [+5.0, +5.0]" in row
+
+
+def test_pd_tail_ratio_interval_resamples_prompts_with_both_answers():
+    from dpd.bench.pdtail import PathSamples, p99_ratio_ci
+
+    samples = {f"{path}/{size}": PathSamples() for path in ("disaggregated", "direct") for size in ("short", "long")}
+    for i in range(60):
+        samples["direct/short"].ttfts_s.append(0.2 + 0.01 * i)
+        samples["disaggregated/short"].ttfts_s.append(2 * (0.2 + 0.01 * i))  # each one exactly twice its pair
+    for i in range(20):
+        samples["direct/long"].ttfts_s.append(4.0 + 0.05 * i)
+        samples["disaggregated/long"].ttfts_s.append(2 * (4.0 + 0.05 * i))
+    assert p99_ratio_ci(samples) == pytest.approx((2.0, 2.0))
