@@ -236,8 +236,8 @@ def _cmd_bench_ladder(args: argparse.Namespace) -> int:
                  for _ in [0] if set(workloads) - {"trace", "synthetic"} or not workloads]
     if not args.rates:
         problems.append("--rates needs at least one rate")
-    if args.requests < 2 or args.rounds < 1:
-        problems.append("--requests must be >= 2 and --rounds >= 1")
+    if args.requests < 2 or args.rounds < 1 or args.windows < 1:
+        problems.append("--requests must be >= 2, --rounds >= 1 and --windows >= 1")
     if args.adaptive_max_stall is not None and not args.adaptive_max_stall > 0:
         problems.append("--adaptive-max-stall must be > 0 seconds")
     if problems:
@@ -246,7 +246,8 @@ def _cmd_bench_ladder(args: argparse.Namespace) -> int:
         return 2
     spec = LadderSpec(
         trace_dir=args.trace, rates_rps=args.rates, slo=Slo(args.slo_ttft, args.slo_tpot), workloads=workloads,
-        scenarios=scenarios, num_requests=args.requests, rounds=args.rounds, threshold_tokens=args.threshold,
+        scenarios=scenarios, num_requests=args.requests, rounds=args.rounds, windows=args.windows,
+        threshold_tokens=args.threshold,
         adaptive_floor_tokens=args.adaptive_floor, adaptive_max_stall_s=args.adaptive_max_stall,
         max_prompt_tokens=args.max_prompt_tokens,
         max_output_tokens=args.max_output_tokens, seed=args.seed, burstiness=args.burstiness,
@@ -271,7 +272,8 @@ def _cmd_bench_crosscheck(args: argparse.Namespace) -> int:
     spec = CrosscheckSpec(**{k: v for k, v in given.items() if v is not None})  # defaults live in the spec
     results = run(spec, Path(args.out))
     print((Path(args.out) / "report.md").read_text())
-    return 0 if all(row["agrees"] for row in results["agreement"]) else 1
+    # A figure outside the band fails the check; one the runs are too noisy to judge is reported, not failed.
+    return 0 if all(row["agrees"] or row["inconclusive"] for row in results["agreement"]) else 1
 
 
 def _cmd_bench_correctness(args: argparse.Namespace) -> int:
@@ -620,6 +622,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"the {workload} workload's own rates (default: --rates)")
     b.add_argument("--requests", type=int, default=100, help="requests per run: one fixed set per workload, every rate")
     b.add_argument("--rounds", type=int, default=1, help="repeats of the whole ladder (rates shuffled, order rotated)")
+    b.add_argument("--windows", type=int, default=1,
+                   help="request sets: round r uses set r mod N (trace windows 5,000 requests apart; synthetic seeds)")
     b.add_argument("--threshold", type=int, default=512, help="the static split's threshold (and the long/short class boundary)")
     b.add_argument("--adaptive-floor", type=int, default=0, help="the adaptive policy's floor (routingThreshold)")
     b.add_argument("--adaptive-max-stall", type=float, default=None,

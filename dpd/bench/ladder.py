@@ -51,6 +51,7 @@ from dpd.launch.child import ServeProcess, write_config
 
 SCENARIOS = ("colocated", "dpd", "dpd-adaptive")
 TRACE_OFFSET = 2000  # the trace's first minutes are sparser than the rest
+WINDOW_STRIDE = 5000  # requests between the trace windows of ``LadderSpec.windows``
 MAX_CLIENT_LAG_S = 0.005
 MIN_REQUESTS_FOR_P99 = 100
 ROUND_INDEX_STRIDE = 1_000_000  # pooled rounds: round r's request i is index i + r × this (another pair)
@@ -67,6 +68,7 @@ class LadderSpec:
     scenarios: tuple[str, ...] = SCENARIOS
     num_requests: int = 100
     rounds: int = 1
+    windows: int = 1  # request sets: round r uses set r mod windows (trace windows WINDOW_STRIDE apart; synthetic seeds)
     threshold_tokens: int = 512  # the static split's threshold; also the short/long class boundary
     adaptive_floor_tokens: int = 0
     adaptive_max_stall_s: float | None = None  # pdSpec.router.adaptive.maxStallS (unset: none)
@@ -84,31 +86,46 @@ class LadderSpec:
 
 # -- the request sets -------------------------------------------------------------------------------
 
-def request_set(spec: LadderSpec, workload: str, base: list[TraceRequest] | None = None) -> tuple[list[TraceRequest], str]:
+def request_set(spec: LadderSpec, workload: str, base: list[TraceRequest] | None = None,
+                window: int = 0) -> tuple[list[TraceRequest], str]:
     """``num_requests`` requests at a mean rate of 1 req/s (``at_rate`` compresses them), and
-    what the report states about them."""
+    what the report states about them. ``window``: which of the spec's request sets — the trace
+    ``window × WINDOW_STRIDE`` requests further on, or the synthetic mix drawn with seed + window."""
     n, cap, out_cap = spec.num_requests, spec.max_prompt_tokens, spec.max_output_tokens
     if workload == "synthetic":
         trace = synthetic(n, 1.0, max_prompt_tokens=cap, output_tokens=(max(1, out_cap // 4), out_cap),
-                          burstiness=spec.burstiness, seed=spec.seed)
+                          burstiness=spec.burstiness, seed=spec.seed + window)
         return trace, (f"synthetic mix (70% chat / 25% retrieval / 5% long), {n} requests, prompts up to {cap} tokens, "
-                       f"outputs {max(1, out_cap // 4)}–{out_cap}, gamma arrivals (shape {spec.burstiness:g})")
+                       f"outputs {max(1, out_cap // 4)}–{out_cap}, gamma arrivals (shape {spec.burstiness:g}), "
+                       f"seed {spec.seed + window}")
     if workload != "trace":
         raise ValueError(f"unknown workload {workload!r}; allowed: trace, synthetic")
     if base is None:
         base = load_trace(spec.trace_dir)
     offset = TRACE_OFFSET if len(base) >= TRACE_OFFSET + n else 0  # a short trace (a request log): from its start
-    window = base[offset:offset + n]
-    if len(window) < 2:
+    offset += window * (WINDOW_STRIDE if offset else n)  # a request log's windows follow one another
+    if window and len(base) < offset + n:
+        raise ValueError(f"the trace has {len(base)} requests: too few for window {window + 1} (requests #{offset}–"
+                         f"#{offset + n - 1}); use fewer --windows or --requests")
+    chosen = base[offset:offset + n]
+    if len(chosen) < 2:
         raise ValueError(f"the trace has too few requests after #{offset}")
-    t0 = window[0].arrival_s
-    native_rps = (len(window) - 1) / max(window[-1].arrival_s - t0, 1e-9)
+    t0 = chosen[0].arrival_s
+    native_rps = (len(chosen) - 1) / max(chosen[-1].arrival_s - t0, 1e-9)
     trace = [replace(r, arrival_s=(r.arrival_s - t0) * native_rps, num_prompt_tokens=min(r.num_prompt_tokens, cap),
-                     num_output_tokens=max(1, min(r.num_output_tokens, out_cap))) for r in window]
-    num_capped = sum(r.num_prompt_tokens > cap for r in window)
-    return trace, (f"{spec.trace_dir if offset == 0 else 'Azure conv+code'}, requests #{offset}–#{offset + len(window) - 1} "
+                     num_output_tokens=max(1, min(r.num_output_tokens, out_cap))) for r in chosen]
+    num_capped = sum(r.num_prompt_tokens > cap for r in chosen)
+    source = "Azure conv+code" if offset >= TRACE_OFFSET and len(base) >= TRACE_OFFSET + n else spec.trace_dir
+    return trace, (f"{source}, requests #{offset}–#{offset + len(chosen) - 1} "
                    f"({native_rps:.2f} req/s natively), "
                    f"prompts capped at {cap} tokens ({num_capped} of {n} capped), outputs capped at {out_cap}")
+
+
+def _describe_windows(descriptions: list[str]) -> str:
+    if len(descriptions) == 1:
+        return descriptions[0]
+    k = len(descriptions)
+    return " · ".join(f"set {i + 1} (rounds {i + 1}, {i + 1 + k}, …): {d}" for i, d in enumerate(descriptions))
 
 
 def at_rate(trace: list[TraceRequest], rate_rps: float) -> list[TraceRequest]:
@@ -252,6 +269,18 @@ def configure(serve: ServeProcess, scenario: str, spec: LadderSpec) -> None:
         requests.put(serve.url + path, json=body, timeout=10).raise_for_status()
 
 
+def warm_every_worker(serve: ServeProcess, spec: LadderSpec, seed: int) -> None:
+    """A maximum-length prompt prefilled on each worker of the P/D endpoint, whatever the
+    scenario's policy would do with it: one run whole on the decode pool (threshold past the
+    prompt), one split (threshold 0: the prefill pool prefills, the KV moves). The caller sets
+    the scenario's policy afterwards (``configure``)."""
+    for threshold in (spec.max_prompt_tokens + 1, 0):
+        for path, body in (("/admin/policy", {"policy": "threshold"}), ("/admin/threshold", {"threshold_tokens": threshold})):
+            requests.put(serve.url + path, json=body, timeout=10).raise_for_status()
+        asyncio.run(replay(serve.url, spec.model, [TraceRequest(0.0, spec.max_prompt_tokens, 4, "warmup")],
+                           threshold_tokens=spec.threshold_tokens, seed=seed + threshold, progress=False))
+
+
 def warm_up(url: str, spec: LadderSpec, seed: int) -> None:
     """A maximum-length prompt on every worker (two at once, so each worker gets one) and two short ones."""
     warm = [TraceRequest(0.0, spec.max_prompt_tokens, 4, "warmup"), TraceRequest(0.0, spec.max_prompt_tokens, 4, "warmup"),
@@ -287,9 +316,11 @@ def settle(url: str, spec: LadderSpec, seed: int, attempts: int = 12) -> list[st
 def run(spec: LadderSpec, out_dir: Path) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     base = load_trace(spec.trace_dir) if "trace" in spec.workloads else None
-    sets = {w: request_set(spec, w, base) for w in spec.workloads}
+    num_windows = max(1, min(spec.windows, spec.rounds))
+    sets = {(w, k): request_set(spec, w, base, window=k) for w in spec.workloads for k in range(num_windows)}
     started = time.time()
-    results: dict = {"spec": {**asdict(spec), "slo": asdict(spec.slo)}, "workloads": {w: d for w, (_, d) in sets.items()},
+    results: dict = {"spec": {**asdict(spec), "slo": asdict(spec.slo)},
+                     "workloads": {w: _describe_windows([sets[(w, k)][1] for k in range(num_windows)]) for w in spec.workloads},
                      "runs": []}
 
     def save() -> None:
@@ -299,13 +330,16 @@ def run(spec: LadderSpec, out_dir: Path) -> dict:
     with endpoints(spec, out_dir) as serves:
         for i, (round_index, workload, rate, scenario) in enumerate(plan):
             serve = serves["colocated" if scenario == "colocated" else "pd"]
+            if scenario != "colocated":
+                warm_every_worker(serve, spec, seed=20_000 + 100 * i)
             configure(serve, scenario, spec)
             still_open = settle(serve.url, spec, seed=10_000 + 100 * i)  # warm-up ids differ from the set's
             label = f"[{i + 1}/{len(plan)}] round {round_index + 1} {workload} {scenario} @ {rate:g} req/s"
-            records, duration_s = asyncio.run(replay(serve.url, spec.model, at_rate(sets[workload][0], rate),
+            window = round_index % num_windows
+            records, duration_s = asyncio.run(replay(serve.url, spec.model, at_rate(sets[(workload, window)][0], rate),
                                                      threshold_tokens=spec.threshold_tokens, seed=spec.seed, label=label))
             lag = percentile([r.send_lag_s for r in records], 0.99)
-            results["runs"].append({"round": round_index, "workload": workload, "rate_rps": rate, "scenario": scenario,
+            results["runs"].append({"round": round_index, "window": window, "workload": workload, "rate_rps": rate, "scenario": scenario,
                                     "duration_s": duration_s, "client_lag_p99_s": lag, "breakers_open_at_start": still_open,
                                     "records": [asdict(r) for r in records]})
             figures = class_figures(records, spec.slo)

@@ -38,7 +38,7 @@ import requests
 
 from dpd.bench.client import replay
 from dpd.bench.overhead import peer_router
-from dpd.bench.stats import RequestRecord, Slo, counter_totals, summarize
+from dpd.bench.stats import RequestRecord, Slo, bootstrap_ci, counter_totals, percentile, summarize
 from dpd.bench.workloads import Scaling, TraceRequest, agent_sessions, load_trace, scale, synthetic
 from dpd.launch.child import ServeProcess, write_config
 
@@ -186,6 +186,15 @@ def endpoint(colocated: bool, spec: BenchSpec, work_dir: Path):
             print(f"warning: {len(survivors)} process(es) survived the endpoint's stop", file=sys.stderr)
 
 
+def offered_window_s(trace: list[TraceRequest]) -> float:
+    """The arrival schedule's span, one mean gap added for the last request (n requests over
+    n − 1 gaps): ``n ÷ rate`` for a schedule at a steady rate. Goodput is per this window."""
+    if len(trace) < 2:
+        return 1.0
+    span = trace[-1].arrival_s - trace[0].arrival_s
+    return span * len(trace) / (len(trace) - 1) if span > 0 else 1.0
+
+
 class Runner:
     """Replays workloads against one target and records every run in ``results``."""
 
@@ -202,13 +211,15 @@ class Runner:
         label = f"{self.name} @ {rate:g} req/s ({purpose}{'' if threshold is None else f', threshold {threshold}'})"
         records, duration_s = asyncio.run(replay(self.url, self.spec.model, trace, threshold_tokens=self.spec.threshold_tokens,
                                                  seed=run_seed(label), label=label))
+        window_s = offered_window_s(trace)
         entry: dict[str, Any] = {
             "rate_rps": rate,
             "purpose": purpose,
             "workload": workload,
-            "all": summarize(records, duration_s, self.spec.slo),
-            "by_class": {k: summarize(v, duration_s, self.spec.slo) for k, v in _by(records, "request_class").items()},
-            "by_path": {k: summarize(v, duration_s, self.spec.slo) for k, v in _by(records, "path").items()},
+            "all": summarize(records, window_s, self.spec.slo),
+            "by_class": {k: summarize(v, window_s, self.spec.slo) for k, v in _by(records, "request_class").items()},
+            "by_path": {k: summarize(v, window_s, self.spec.slo) for k, v in _by(records, "path").items()},
+            "completion_window_s": duration_s,
             "records": [asdict(r) for r in records],
         }
         if threshold is not None:
@@ -324,6 +335,38 @@ def _ratio(x: float, base: float) -> str:
     return "—" if x != x or not base or base != base else f"{x / base:.2f}×"
 
 
+def _ci(interval: tuple[float, float]) -> str:
+    lo, hi = interval
+    return "[—]" if lo != lo else f"[{lo:.2f}, {hi:.2f}]"
+
+
+def paired_prefix_cis(mine: list[dict], base: list[dict], *, num_resamples: int = 1000, seed: int = 0) -> dict:
+    """95% bootstrap intervals of two ratios of one scenario's run over another's on the same
+    schedule — P50 TTFT and prefill tokens computed (prompt − cached) — resampling the requests
+    present in both (paired by their position in the schedule; a failed request's TTFT is +inf)."""
+    by_index = {r["index"]: r for r in base}
+    pairs = [(r, by_index[r["index"]]) for r in mine if r["index"] in by_index]
+
+    def ttft(r: dict) -> float:
+        return r["ttft_s"] if r.get("is_ok", True) else float("inf")
+
+    def computed(r: dict) -> int:
+        return r.get("num_prompt_tokens", 0) - r.get("num_cached_tokens", 0) if r.get("is_ok", True) else 0
+
+    def p50_ratio(idx: list[int]) -> float:
+        b = percentile([ttft(pairs[i][1]) for i in idx], 0.5)
+        a = percentile([ttft(pairs[i][0]) for i in idx], 0.5)
+        return a / b if b > 0 and b != float("inf") and a != float("inf") else float("nan")
+
+    def computed_ratio(idx: list[int]) -> float:
+        b = sum(computed(pairs[i][1]) for i in idx)
+        return sum(computed(pairs[i][0]) for i in idx) / b if b else float("nan")
+
+    return {"n": len(pairs),
+            "ttft_p50": bootstrap_ci(p50_ratio, len(pairs), num_resamples=num_resamples, seed=seed),
+            "prefill_tokens_computed": bootstrap_ci(computed_ratio, len(pairs), num_resamples=num_resamples, seed=seed)}
+
+
 def _compare_entry(sc: dict) -> dict | None:
     return next((e for e in sc["rates"] if e.get("purpose") == "compare"), None)
 
@@ -390,12 +433,16 @@ def report(results: dict) -> str:
         for aware, blind in (("colocated-prefix", "colocated"), ("dpd-prefix", "dpd-adaptive")):
             if aware in scenarios and blind in scenarios:
                 mine = {(e["rate_rps"], e.get("purpose")): e["all"] for e in scenarios[aware]["rates"]}
+                records = {(e["rate_rps"], e.get("purpose")): e.get("records", []) for e in scenarios[aware]["rates"]}
                 for e in scenarios[blind]["rates"]:
                     if (m := mine.get((e["rate_rps"], e.get("purpose")))) is not None:
                         nan = float("nan")
                         computed = _ratio(m.get("prefill_tokens_computed", nan), e["all"].get("prefill_tokens_computed", nan))
+                        ci = paired_prefix_cis(records[(e["rate_rps"], e.get("purpose"))], e.get("records", []))
                         lines.append(f"\n{aware} ÷ {blind} @ {e['rate_rps']:g} req/s: P50 TTFT "
-                                     f"{_ratio(m['ttft_p50_s'], e['all']['ttft_p50_s'])}, prefill tokens computed {computed}")
+                                     f"{_ratio(m['ttft_p50_s'], e['all']['ttft_p50_s'])} {_ci(ci['ttft_p50'])}, "
+                                     f"prefill tokens computed {computed} {_ci(ci['prefill_tokens_computed'])} "
+                                     f"(95% bootstrap over the {ci['n']} requests, paired by position in the schedule)")
     if results.get("sweep"):
         lines += ["", f"Threshold sweep on the P/D endpoint at {results['sweep'][0]['rate_rps']:g} req/s:", "",
                   "| threshold (tokens) | attainment | goodput (req/s) | P99 TTFT (ms) | P99 ITL short (ms) | "

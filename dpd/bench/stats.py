@@ -4,7 +4,9 @@ Per request: TTFT (request sent → first token), E2E, the inter-token gaps, and
 TPOT = (E2E − TTFT) / (N − 1) for N ≥ 2 output tokens. ITL pools every gap of every request.
 SLO attainment is the share of requests meeting both the TTFT and the TPOT SLO (a request
 with one output token has no TPOT and meets that SLO trivially); goodput is those requests
-per second of the run.
+per second of the *offered* window — the arrival schedule's span, ``n ÷ rate`` — so it is
+attainment × the offered rate and does not depend on how long an overloaded run takes to drain
+(a completion window would count a backlog's drain time against the rate it was offered at).
 """
 
 from __future__ import annotations
@@ -97,7 +99,8 @@ class Slo:
 
 
 def summarize(records: list[RequestRecord], duration_s: float, slo: Slo) -> dict[str, float]:
-    """Attainment, goodput and latency percentiles of one run. A failed request counts as +inf
+    """Attainment, goodput and latency percentiles of one run; ``duration_s``: the window the
+    rates are per (the offered window, module doc). A failed request counts as +inf
     in the TTFT and TPOT percentiles (dropping it would make a failing run look fast); ITL pools
     the gaps of the requests that streamed."""
     ok = [r for r in records if r.is_ok]

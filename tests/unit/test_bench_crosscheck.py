@@ -62,9 +62,12 @@ def test_our_statistics_on_vllms_own_data_reproduce_its_figures():
         ([100, 110], [105, 100], 102.5 / 105, 1.25, True),  # spreads 1.10 / 1.05: the floor is the band
         ([100, 100], [140, 140], 1.4, 1.25, False),  # steady tools, 40% apart
         ([100, 100], [70, 70], 0.7, 1.25, False),  # below the band
-        ([100, 200], [250, 250], 250 / 150, 2.0, True),  # vllm's own runs differ 2×: so may the tools
-        ([100, 100], [100, 180], 1.4, 1.8, True),  # our own spread widens the band too
+        ([100, 150], [150, 150], 150 / 125, 1.5, True),  # vllm's own runs differ 1.5×: so may the tools
+        ([100, 200], [250, 250], 250 / 150, 1.5, False),  # 2×: the band stops at 1.5× (inconclusive, not "agrees")
+        ([100, 100], [100, 140], 1.2, 1.4, True),  # our own spread widens the band too
         ([100, 100], [124, 124], 1.24, 1.25, True),  # just inside the floor
+        ([100, 600], [400, 400], 400 / 350, 1.5, True),  # a 6× spread: the band is capped at 1.5×, still within
+        ([100, 600], [900, 900], 900 / 350, 1.5, False),  # …and past the cap a 2.6× ratio no longer "agrees"
     ],
 )
 def test_agreement(vllm_ms, ours_ms, expected_ratio, expected_band, agrees):
@@ -73,6 +76,7 @@ def test_agreement(vllm_ms, ours_ms, expected_ratio, expected_band, agrees):
     assert row["pair_ratios"] == pytest.approx([o / v for v, o in zip(vllm_ms, ours_ms)])
     assert row["band"] == pytest.approx(expected_band)
     assert row["agrees"] is agrees
+    assert row["inconclusive"] is (not agrees and max(spread(vllm_ms), spread(ours_ms)) > row["band"])
 
 
 def test_spread_is_max_over_min():

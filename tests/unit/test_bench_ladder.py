@@ -190,3 +190,40 @@ def test_the_stall_limit_reaches_the_endpoint_config_only_when_given():
     settings = adaptive_settings(spec(adaptive_max_stall_s=0.2))
     assert settings == {"ttftSloS": 10, "tpotSloS": 0.2, "maxStallS": 0.2}
     assert AdaptiveSpec(**settings).maxStallS == 0.2  # a valid config
+
+
+def test_every_worker_of_the_pd_endpoint_prefills_a_maximum_length_prompt(monkeypatch):
+    """Warm-up: one max-length prompt whole on the decode pool, one split through the prefill
+    pool, whatever the scenario's policy would choose (it is set afterwards)."""
+    import types
+
+    from dpd.bench import ladder
+
+    calls: list = []
+    monkeypatch.setattr(ladder.requests, "put", lambda url, json, timeout: calls.append((url.rsplit("/", 1)[-1], json))
+                        or types.SimpleNamespace(raise_for_status=lambda: None))
+
+    async def replay(url, model, trace, **kw):
+        calls.append(("sent", [r.num_prompt_tokens for r in trace]))
+        return [], 0.0
+
+    monkeypatch.setattr(ladder, "replay", replay)
+    ladder.warm_every_worker(types.SimpleNamespace(url="http://router"), spec(max_prompt_tokens=768), seed=1)  # type: ignore[arg-type]
+    assert calls == [("policy", {"policy": "threshold"}), ("threshold", {"threshold_tokens": 769}), ("sent", [768]),
+                     ("policy", {"policy": "threshold"}), ("threshold", {"threshold_tokens": 0}), ("sent", [768])]
+
+
+@pytest.mark.parametrize("workload", ["trace", "synthetic"])
+def test_windows_are_other_request_sets_of_the_same_size(workload):
+    first, _ = request_set(spec(windows=2), workload, window=0)
+    second, described = request_set(spec(windows=2), workload, window=1)
+    assert len(first) == len(second) == 100
+    assert [(r.num_prompt_tokens, r.num_output_tokens) for r in first] != [(r.num_prompt_tokens, r.num_output_tokens) for r in second]
+    assert second[0].arrival_s == 0 or workload == "synthetic"
+    if workload == "trace":
+        assert "#7000–#7099" in described
+
+
+def test_a_window_past_the_trace_is_a_clear_error():
+    with pytest.raises(ValueError, match="too few for window"):
+        request_set(spec(num_requests=100), "trace", window=10)

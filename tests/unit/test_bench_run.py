@@ -11,7 +11,7 @@ import pytest
 
 from dpd.bench.run import CAPACITY_ATTAINMENT, BenchSpec, find_capacity, report
 from dpd.bench.stats import RequestRecord, Slo, summarize
-from dpd.bench.workloads import DEFAULT_MIX, arrival_times, synthetic
+from dpd.bench.workloads import DEFAULT_MIX, TraceRequest, arrival_times, synthetic
 
 
 def test_poisson_arrivals_hit_the_rate_and_are_deterministic():
@@ -254,3 +254,30 @@ def test_the_sweep_runs_at_the_measured_capacity_even_when_it_is_zero():
     assert sweep_rate(0.3, (0.1, 0.5)) == 0.3
     assert sweep_rate(0.0, (0.1, 0.5)) == 0.1  # nothing met the SLO: the lightest load tried, not the heaviest
     assert sweep_rate(None, (0.1, 0.5)) == 0.5
+
+
+def test_goodput_is_per_offered_window_not_the_drain():
+    """Ten requests offered at 1 req/s: the window is 10 s however long the backlog takes to
+    drain, so goodput is attainment × the offered rate."""
+    from dpd.bench.run import offered_window_s
+    from dpd.bench.stats import RequestRecord, summarize
+
+    trace = [TraceRequest(float(i), 100, 8, "c") for i in range(10)]
+    assert offered_window_s(trace) == pytest.approx(10.0)
+    records = [RequestRecord(ttft_s=1.0 if i < 8 else 30.0, e2e_s=2.0 if i < 8 else 31.0, num_output_tokens=8) for i in range(10)]
+    summary = summarize(records, offered_window_s(trace), Slo(10, 0.2))
+    assert summary["slo_attainment"] == pytest.approx(0.8)
+    assert summary["goodput_rps"] == pytest.approx(0.8)
+
+
+def test_prefix_ratios_carry_paired_intervals():
+    """Aware vs blind on one schedule: every request half as slow and computing a quarter of its
+    prompt — so every resample's ratios are exactly 0.5 and 0.25."""
+    from dpd.bench.run import paired_prefix_cis
+
+    blind = [{"index": i, "ttft_s": 1.0 + i / 10, "num_prompt_tokens": 1024, "num_cached_tokens": 0} for i in range(40)]
+    aware = [{**r, "ttft_s": r["ttft_s"] / 2, "num_cached_tokens": 768} for r in blind]
+    ci = paired_prefix_cis(aware, blind)
+    assert ci["n"] == 40
+    assert ci["ttft_p50"] == pytest.approx((0.5, 0.5))
+    assert ci["prefill_tokens_computed"] == pytest.approx((0.25, 0.25))

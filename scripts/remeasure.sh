@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Re-measure every figure of BENCHMARKS.md in one background run (~4 h on the project's 2-core
+# machine; each step's time is in README.md). Run it on a quiet machine: anything else on the
+# cores shows up as client lag (flagged in the ladder's report) and in every latency.
+#
+#   scripts/remeasure.sh [OUT]        # default OUT: bench-results/remeasure-<date>
+#
+# Each step writes under OUT/<step>/ and its log to OUT/<step>.log; a failed step is reported and
+# the next one runs. Every endpoint a step starts is stopped by that step (the ladder, run,
+# crosscheck and correctness modes start and stop their own); the one started here for overhead
+# and pd-tail is stopped on exit, Ctrl-C included.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-bench-results/remeasure-$(date +%Y-%m-%d)}
+DPD=${DPD_VENV:-$PWD/.venv}/bin/dpd
+mkdir -p "$OUT"
+[ -x "$DPD" ] || make install
+failed=()
+serve_pid=""
+cleanup() {
+    if [ -n "$serve_pid" ] && kill -0 "$serve_pid" 2>/dev/null; then
+        kill -INT "$serve_pid"
+        wait "$serve_pid"
+    fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+step() {  # step NAME command...: run it, log it, note a failure
+    local name=$1
+    shift
+    echo "[remeasure] $(date +%H:%M) $name: $*" >&2
+    if ! "$@" >"$OUT/$name.log" 2>&1; then
+        echo "[remeasure] $name FAILED (see $OUT/$name.log)" >&2
+        failed+=("$name")
+    fi
+}
+
+# 1. Colocated vs static vs adaptive on the same requests: two rounds, two request sets.
+step ladder "$DPD" bench ladder --rounds 2 --windows 2 --out "$OUT/ladder"
+# 2. Prefix-aware routing on agent sessions, four workers per endpoint.
+step prefix "$DPD" bench run --workload sessions --session-turns 8 --workers-per-pool 2 \
+    --scenarios colocated,colocated-prefix,dpd-adaptive,dpd-prefix --rates 0.25 --compare-at 0 \
+    --duration 420 --max-prompt-tokens 2048 --max-output-tokens 32 --out "$OUT/prefix"
+# 3. Our client against `vllm bench serve` on the same schedules.
+step crosscheck "$DPD" bench crosscheck --out "$OUT/crosscheck"
+# 4. Greedy outputs under mixed load on both paths, every stall counted.
+step correctness "$DPD" bench correctness --out "$OUT/correctness"
+# 5. Router overhead and the P/D tail, against the default endpoint.
+echo "[remeasure] $(date +%H:%M) starting the default endpoint for overhead and pd-tail" >&2
+# The workers' key, known to both the endpoint and the benchmarks (they call a worker directly).
+export DPD_WORKER_API_KEY=${DPD_WORKER_API_KEY:-$(head -c 24 /dev/urandom | base64 | tr -d '/+=')}
+"$DPD" serve >"$OUT/serve.log" 2>&1 &
+serve_pid=$!
+for _ in $(seq 600); do
+    curl -sf localhost:8000/health >/dev/null 2>&1 && break
+    kill -0 "$serve_pid" 2>/dev/null || break
+    sleep 1
+done
+if curl -sf localhost:8000/health >/dev/null 2>&1; then
+    step overhead "$DPD" bench overhead --rounds 100 --json "$OUT/overhead.json"
+    step pd-tail "$DPD" bench pd-tail
+else
+    echo "[remeasure] the endpoint did not become ready (see $OUT/serve.log)" >&2
+    failed+=(overhead pd-tail)
+fi
+cleanup
+serve_pid=""
+# 6. The simulator's speed.
+step sim-speed "$DPD" plan --speed --profile bench-results/profile-cpu-2026-12-05.json --cluster-workers 1000 --cluster-hours 1
+
+if [ ${#failed[@]} -gt 0 ]; then
+    echo "[remeasure] done; failed: ${failed[*]}" >&2
+    exit 1
+fi
+echo "[remeasure] done: $OUT" >&2
