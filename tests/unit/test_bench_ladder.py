@@ -190,6 +190,9 @@ def test_the_stall_limit_reaches_the_endpoint_config_only_when_given():
     settings = adaptive_settings(spec(adaptive_max_stall_s=0.2))
     assert settings == {"ttftSloS": 10, "tpotSloS": 0.2, "maxStallS": 0.2}
     assert AdaptiveSpec(**settings).maxStallS == 0.2  # a valid config
+    settings = adaptive_settings(spec(adaptive_stall_weight=0.25))
+    assert settings == {"ttftSloS": 10, "tpotSloS": 0.2, "stallWeight": 0.25}
+    assert AdaptiveSpec(**settings).stallWeight == 0.25
 
 
 def test_every_worker_of_the_pd_endpoint_prefills_a_maximum_length_prompt(monkeypatch):
