@@ -410,8 +410,8 @@ def report(results: dict) -> str:
             pooled.setdefault((r["scenario"], r["rate_rps"]), []).extend(recs)
         lags: dict[tuple[str, float], float] = {}  # the worst round's: one lagging round taints the pooled figures
         for r in runs:
-            key = (r["scenario"], r["rate_rps"])
-            lags[key] = max(lags.get(key, 0.0), r["client_lag_p99_s"])
+            point = (r["scenario"], r["rate_rps"])
+            lags[point] = max(lags.get(point, 0.0), r["client_lag_p99_s"])
         attainments: dict[str, dict[float, float]] = {}
         for (scenario, rate), recs in sorted(pooled.items(), key=lambda kv: (spec["scenarios"].index(kv[0][0]), kv[0][1])):
             all_f = class_figures(recs, slo)
