@@ -240,6 +240,8 @@ def _cmd_bench_ladder(args: argparse.Namespace) -> int:
         problems.append("--requests must be >= 2, --rounds >= 1 and --windows >= 1")
     if args.adaptive_max_stall is not None and not args.adaptive_max_stall > 0:
         problems.append("--adaptive-max-stall must be > 0 seconds")
+    if args.adaptive_ttft_target is not None and not args.adaptive_ttft_target > 0:
+        problems.append("--adaptive-ttft-target must be > 0 seconds")
     if args.adaptive_stall_weight is not None and not 0 <= args.adaptive_stall_weight <= 100:
         problems.append("--adaptive-stall-weight must be within [0, 100] (router.adaptive.stallWeight)")
     if problems:
@@ -251,7 +253,7 @@ def _cmd_bench_ladder(args: argparse.Namespace) -> int:
         scenarios=scenarios, num_requests=args.requests, rounds=args.rounds, windows=args.windows,
         threshold_tokens=args.threshold,
         adaptive_floor_tokens=args.adaptive_floor, adaptive_max_stall_s=args.adaptive_max_stall,
-        adaptive_stall_weight=args.adaptive_stall_weight,
+        adaptive_stall_weight=args.adaptive_stall_weight, adaptive_ttft_target_s=args.adaptive_ttft_target,
         max_prompt_tokens=args.max_prompt_tokens,
         max_output_tokens=args.max_output_tokens, seed=args.seed, burstiness=args.burstiness,
         workload_rates=tuple((w, r) for w, r in (("trace", args.trace_rates), ("synthetic", args.synthetic_rates)) if r),
@@ -633,6 +635,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the adaptive policy's stall limit, seconds (router.adaptive.maxStallS; default: none)")
     b.add_argument("--adaptive-stall-weight", type=float, default=None,
                    help="the weight of stalls against the request's own budgets (router.adaptive.stallWeight; default 1)")
+    b.add_argument("--adaptive-ttft-target", type=float, default=None,
+                   help="the TTFT target the adaptive policy plans against, seconds (router.adaptive.ttftSloS; default: "
+                        "--slo-ttft); requests are still judged by --slo-ttft")
     b.add_argument("--slo-ttft", type=float, default=10.0, help="TTFT SLO, seconds")
     b.add_argument("--slo-tpot", type=float, default=0.2, help="TPOT SLO, seconds")
     b.add_argument("--max-prompt-tokens", type=int, default=768,

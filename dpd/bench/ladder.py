@@ -73,6 +73,7 @@ class LadderSpec:
     adaptive_floor_tokens: int = 0
     adaptive_max_stall_s: float | None = None  # pdSpec.router.adaptive.maxStallS (unset: none)
     adaptive_stall_weight: float | None = None  # pdSpec.router.adaptive.stallWeight (unset: the config's default)
+    adaptive_ttft_target_s: float | None = None  # pdSpec.router.adaptive.ttftSloS (unset: the judged SLO's TTFT)
     max_prompt_tokens: int = 768
     max_output_tokens: int = 48
     model: str = "smollm2-135m"
@@ -255,7 +256,8 @@ def endpoints(spec: LadderSpec, work_dir: Path) -> Iterator[dict[str, ServeProce
 
 def adaptive_settings(spec: LadderSpec) -> dict:
     """The P/D endpoint's ``router.adaptive``: the ladder's SLO, and the stall limit where given."""
-    settings: dict = {"ttftSloS": spec.slo.ttft_s, "tpotSloS": spec.slo.tpot_s}
+    ttft = spec.slo.ttft_s if spec.adaptive_ttft_target_s is None else spec.adaptive_ttft_target_s
+    settings: dict = {"ttftSloS": ttft, "tpotSloS": spec.slo.tpot_s}
     if spec.adaptive_max_stall_s is not None:
         settings["maxStallS"] = spec.adaptive_max_stall_s
     if spec.adaptive_stall_weight is not None:
@@ -394,6 +396,9 @@ def report(results: dict) -> str:
         lines[0] += f" dpd-adaptive ran with a stall limit (maxStallS) of {spec['adaptive_max_stall_s']:g} s."
     if spec.get("adaptive_stall_weight") is not None:
         lines[0] += f" dpd-adaptive ran with stallWeight {spec['adaptive_stall_weight']:g}."
+    if spec.get("adaptive_ttft_target_s") is not None:
+        lines[0] += (f" dpd-adaptive planned against a TTFT target of {spec['adaptive_ttft_target_s']:g} s "
+                     "(router.adaptive.ttftSloS); requests are judged by the SLO above.")
     for workload, description in results["workloads"].items():
         runs = [r for r in results["runs"] if r["workload"] == workload]
         if not runs:

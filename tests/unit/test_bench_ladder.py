@@ -193,6 +193,7 @@ def test_the_stall_limit_reaches_the_endpoint_config_only_when_given():
     settings = adaptive_settings(spec(adaptive_stall_weight=0.25))
     assert settings == {"ttftSloS": 10, "tpotSloS": 0.2, "stallWeight": 0.25}
     assert AdaptiveSpec(**settings).stallWeight == 0.25
+    assert adaptive_settings(spec(adaptive_ttft_target_s=6.0))["ttftSloS"] == 6.0  # planned against; judged by SLO
 
 
 def test_every_worker_of_the_pd_endpoint_prefills_a_maximum_length_prompt(monkeypatch):
