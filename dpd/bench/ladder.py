@@ -239,11 +239,7 @@ def endpoints(spec: LadderSpec, work_dir: Path) -> Iterator[dict[str, ServeProce
                 continue
             d = work_dir / kind
             d.mkdir(parents=True, exist_ok=True)
-            config = write_config(d / "endpoint.yaml", router_port=ports[0], worker_base_port=ports[1],
-                                  side_channel_base_port=ports[2], worker_args=WORKER_ARGS,
-                                  routingThreshold=spec.threshold_tokens, routingPolicy="threshold",
-                                  router={"adaptive": adaptive_settings(spec)})
-            serves[kind] = ServeProcess(config, *flag, log_path=d / "serve.log")
+            serves[kind] = ServeProcess(endpoint_config(spec, work_dir, kind, ports), *flag, log_path=d / "serve.log")
         for kind, serve in serves.items():
             print(f"[ladder] waiting for the {kind} endpoint (~3–5 min for both)", file=sys.stderr, flush=True)
             serve.wait_ready()
@@ -252,6 +248,19 @@ def endpoints(spec: LadderSpec, work_dir: Path) -> Iterator[dict[str, ServeProce
         for serve in serves.values():
             if serve.stop():
                 print("warning: processes survived an endpoint's stop", file=sys.stderr)
+
+
+def endpoint_config(spec: LadderSpec, work_dir: Path, kind: str, ports: tuple[int, int, int]) -> Path:
+    """One endpoint's config file (``work_dir/kind/endpoint.yaml``). Its router keeps a request
+    log beside the results (``requests-{kind}.jsonl``: every request's plan, and under the
+    adaptive policy its predicted TTFT beside the measured one — the cost model's audit)."""
+    d = work_dir / kind
+    d.mkdir(parents=True, exist_ok=True)
+    return write_config(d / "endpoint.yaml", router_port=ports[0], worker_base_port=ports[1],
+                        side_channel_base_port=ports[2], worker_args=WORKER_ARGS,
+                        routingThreshold=spec.threshold_tokens, routingPolicy="threshold",
+                        router={"adaptive": adaptive_settings(spec),
+                                "requestLog": {"path": str((work_dir / f"requests-{kind}.jsonl").resolve())}})
 
 
 def adaptive_settings(spec: LadderSpec) -> dict:

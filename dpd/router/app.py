@@ -440,6 +440,8 @@ class Router:
             "prompt_tokens": ctx.num_prompt_tokens, "path": path, "reason": ctx.decision.reason.value, "workers": workers,
             "class": self.slo.classify(ctx.num_prompt_tokens).name,
         }
+        if ctx.decision.predicted_ttft_s is not None:  # the adaptive policy's prediction, to audit against ttft_s
+            line["predicted_ttft_s"] = round(ctx.decision.predicted_ttft_s, 4)
         if self.settings.spec.requestLog.includePrompts:
             line["prompt"] = ctx.body.get("messages", ctx.body.get("prompt"))
         return line

@@ -7,7 +7,9 @@ A line holds what the router measured, never the prompt or the answer unless
 ``request_id``, ``tenant``, ``api`` (completions or chat), ``prompt_tokens`` (the router's
 count), ``output_tokens`` and ``cached_tokens`` (the answer's usage), ``path``, ``reason``,
 ``workers``, ``class`` (router.slo), ``ttft_s``, ``tpot_s``, ``e2e_s``, ``slo_met`` and
-``outcome`` (``ok``, an HTTP status, ``worker_error``, ``client_gone``). Requests refused
+``outcome`` (``ok``, an HTTP status, ``worker_error``, ``client_gone``), and under the adaptive
+policy ``predicted_ttft_s`` (the TTFT its cost model predicted for the plan it chose, to audit
+the model against ``ttft_s``). Requests refused
 before their prompt was counted (bad input, authentication) are not logged.
 
 The file is created owner-only (it names tenants) and rotated once past ``maxMegabytes``

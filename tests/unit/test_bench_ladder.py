@@ -231,3 +231,13 @@ def test_windows_are_other_request_sets_of_the_same_size(workload):
 def test_a_window_past_the_trace_is_a_clear_error():
     with pytest.raises(ValueError, match="too few for window"):
         request_set(spec(num_requests=100), "trace", window=10)
+
+
+def test_the_ladders_endpoints_keep_a_request_log_beside_the_results(tmp_path):
+    from dpd.bench.ladder import endpoint_config
+    from dpd.config.load import load_config
+
+    config = load_config(endpoint_config(spec(adaptive_max_stall_s=0.1), tmp_path, "pd", (18400, 18500, 16500)))
+    router = config.spec.pdSpec.router
+    assert router.requestLog.path == str((tmp_path / "requests-pd.jsonl").resolve())
+    assert router.adaptive.maxStallS == 0.1 and router.port == 18400

@@ -582,6 +582,16 @@ async def test_the_request_log_says_what_each_request_got(make_router, tmp_path)
         (2, "direct", 3, "ok"), (4, "disaggregated", 3, "ok")]
     assert lines[1]["workers"] == "prefill-0>decode-0" and lines[1]["class"] == "chat" and lines[1]["slo_met"] is True
     assert all(x["ttft_s"] >= 0 and x["e2e_s"] >= x["ttft_s"] and "prompt" not in x for x in lines)
+    assert all("predicted_ttft_s" not in x for x in lines)  # the static threshold predicts nothing
+
+
+async def test_the_request_log_holds_the_adaptive_policys_prediction(make_router, tmp_path):
+    path = tmp_path / "requests.jsonl"
+    client = await make_router(ScriptedWorker(), ScriptedWorker(), policy="adaptive", requestLog={"path": str(path)})
+    assert (await client.post("/v1/completions", json=BODY)).status_code == 200
+    await client.router.stop()
+    [line] = [json.loads(x) for x in path.read_text().splitlines()]
+    assert line["predicted_ttft_s"] >= 0 and line["ttft_s"] >= 0
 
 
 async def test_a_disaggregated_request_is_one_trace_across_the_hops(make_router):
