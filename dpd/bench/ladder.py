@@ -237,9 +237,8 @@ def endpoints(spec: LadderSpec, work_dir: Path) -> Iterator[dict[str, ServeProce
         for kind, ports, flag in (("pd", (18400, 18500, 16500), ()), ("colocated", (18600, 18700, 16700), ("--colocated",))):
             if not wanted[kind == "pd"]:
                 continue
-            d = work_dir / kind
-            d.mkdir(parents=True, exist_ok=True)
-            serves[kind] = ServeProcess(endpoint_config(spec, work_dir, kind, ports), *flag, log_path=d / "serve.log")
+            config = endpoint_config(spec, work_dir, kind, ports)  # creates work_dir/kind
+            serves[kind] = ServeProcess(config, *flag, log_path=work_dir / kind / "serve.log")
         for kind, serve in serves.items():
             print(f"[ladder] waiting for the {kind} endpoint (~3–5 min for both)", file=sys.stderr, flush=True)
             serve.wait_ready()
@@ -279,7 +278,11 @@ def configure(serve: ServeProcess, scenario: str, spec: LadderSpec) -> None:
     if scenario == "colocated":
         return
     policy, threshold = ("adaptive", spec.adaptive_floor_tokens) if scenario == "dpd-adaptive" else ("threshold", spec.threshold_tokens)
-    for path, body in (("/admin/policy", {"policy": policy}), ("/admin/threshold", {"threshold_tokens": threshold})):
+    _set_policy(serve, policy, threshold)
+
+
+def _set_policy(serve: ServeProcess, policy: str, threshold_tokens: int) -> None:
+    for path, body in (("/admin/policy", {"policy": policy}), ("/admin/threshold", {"threshold_tokens": threshold_tokens})):
         requests.put(serve.url + path, json=body, timeout=10).raise_for_status()
 
 
@@ -289,8 +292,7 @@ def warm_every_worker(serve: ServeProcess, spec: LadderSpec, seed: int) -> None:
     prompt), one split (threshold 0: the prefill pool prefills, the KV moves). The caller sets
     the scenario's policy afterwards (``configure``)."""
     for threshold in (spec.max_prompt_tokens + 1, 0):
-        for path, body in (("/admin/policy", {"policy": "threshold"}), ("/admin/threshold", {"threshold_tokens": threshold})):
-            requests.put(serve.url + path, json=body, timeout=10).raise_for_status()
+        _set_policy(serve, "threshold", threshold)
         asyncio.run(replay(serve.url, spec.model, [TraceRequest(0.0, spec.max_prompt_tokens, 4, "warmup")],
                            threshold_tokens=spec.threshold_tokens, seed=seed + threshold, progress=False))
 

@@ -37,8 +37,9 @@ from typing import Any
 import requests
 
 from dpd.bench.client import replay
+from dpd.bench.ladder import paired_ratio
 from dpd.bench.overhead import peer_router
-from dpd.bench.stats import RequestRecord, Slo, bootstrap_ci, counter_totals, percentile, summarize
+from dpd.bench.stats import RequestRecord, Slo, bootstrap_ci, counter_totals, summarize
 from dpd.bench.workloads import Scaling, TraceRequest, agent_sessions, load_trace, scale, synthetic
 from dpd.launch.child import ServeProcess, write_config
 
@@ -340,31 +341,24 @@ def _ci(interval: tuple[float, float]) -> str:
     return "[—]" if lo != lo else f"[{lo:.2f}, {hi:.2f}]"
 
 
-def paired_prefix_cis(mine: list[dict], base: list[dict], *, num_resamples: int = 1000, seed: int = 0) -> dict:
+def paired_prefix_cis(mine: list[dict], base: list[dict], *, seed: int = 0) -> dict:
     """95% bootstrap intervals of two ratios of one scenario's run over another's on the same
-    schedule — P50 TTFT and prefill tokens computed (prompt − cached) — resampling the requests
-    present in both (paired by their position in the schedule; a failed request's TTFT is +inf)."""
+    schedule — P50 TTFT (the ladder's ``paired_ratio``) and prefill tokens computed (prompt −
+    cached) — resampling the requests present in both, paired by their position in the schedule."""
     by_index = {r["index"]: r for r in base}
     pairs = [(r, by_index[r["index"]]) for r in mine if r["index"] in by_index]
 
-    def ttft(r: dict) -> float:
-        return r["ttft_s"] if r.get("is_ok", True) else float("inf")
-
     def computed(r: dict) -> int:
         return r.get("num_prompt_tokens", 0) - r.get("num_cached_tokens", 0) if r.get("is_ok", True) else 0
-
-    def p50_ratio(idx: list[int]) -> float:
-        b = percentile([ttft(pairs[i][1]) for i in idx], 0.5)
-        a = percentile([ttft(pairs[i][0]) for i in idx], 0.5)
-        return a / b if b > 0 and b != float("inf") and a != float("inf") else float("nan")
 
     def computed_ratio(idx: list[int]) -> float:
         b = sum(computed(pairs[i][1]) for i in idx)
         return sum(computed(pairs[i][0]) for i in idx) / b if b else float("nan")
 
-    return {"n": len(pairs),
-            "ttft_p50": bootstrap_ci(p50_ratio, len(pairs), num_resamples=num_resamples, seed=seed),
-            "prefill_tokens_computed": bootstrap_ci(computed_ratio, len(pairs), num_resamples=num_resamples, seed=seed)}
+    ttft = paired_ratio([RequestRecord(**r) for r in mine], [RequestRecord(**r) for r in base], "ttft", 0.5, None,
+                        Slo(float("inf"), float("inf")), seed=seed)
+    return {"n": len(pairs), "ttft_p50": (ttft["lo"], ttft["hi"]),
+            "prefill_tokens_computed": bootstrap_ci(computed_ratio, len(pairs), seed=seed)}
 
 
 def _compare_entry(sc: dict) -> dict | None:

@@ -275,7 +275,8 @@ def test_prefix_ratios_carry_paired_intervals():
     prompt — so every resample's ratios are exactly 0.5 and 0.25."""
     from dpd.bench.run import paired_prefix_cis
 
-    blind = [{"index": i, "ttft_s": 1.0 + i / 10, "num_prompt_tokens": 1024, "num_cached_tokens": 0} for i in range(40)]
+    blind = [asdict(RequestRecord(ttft_s=1.0 + i / 10, e2e_s=2.0 + i / 10, num_output_tokens=8, index=i, num_prompt_tokens=1024))
+             for i in range(40)]
     aware = [{**r, "ttft_s": r["ttft_s"] / 2, "num_cached_tokens": 768} for r in blind]
     ci = paired_prefix_cis(aware, blind)
     assert ci["n"] == 40
