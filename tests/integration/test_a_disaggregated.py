@@ -44,6 +44,9 @@ MODEL = "smollm2-135m"
 # float32, so greedy comparisons test the KV transfer, not bf16 near-ties: in bf16 a prompt whose
 # top-2 logits nearly tie can flip between a cold prefill and one that reuses cached blocks.
 WORKER_ARGS = ("--dtype", "float32")
+# Admin calls get 30 s: on a shared 2-core CI machine with both workers busy, the router once
+# took over 10 s to answer one (a read timeout failed a passing test).
+ADMIN_TIMEOUT_S = 30
 
 
 @pytest.fixture(scope="module")
@@ -191,12 +194,12 @@ def test_tokenize_counts_what_vllm_counts(endpoint, make_prompt):
 
 
 def _set_threshold(endpoint, value: int) -> None:
-    resp = requests.put(endpoint.url + "/admin/threshold", json={"threshold_tokens": value}, timeout=10)
+    resp = requests.put(endpoint.url + "/admin/threshold", json={"threshold_tokens": value}, timeout=ADMIN_TIMEOUT_S)
     assert resp.status_code == 200 and resp.json()["threshold_tokens"] == value
 
 
 def _set_policy(endpoint, policy: str) -> None:
-    resp = requests.put(endpoint.url + "/admin/policy", json={"policy": policy}, timeout=10)
+    resp = requests.put(endpoint.url + "/admin/policy", json={"policy": policy}, timeout=ADMIN_TIMEOUT_S)
     assert resp.status_code == 200 and resp.json()["policy"] == policy
 
 
@@ -404,7 +407,7 @@ def _wait_for(predicate, timeout_s: float = 60.0) -> None:
 
 
 def _load(endpoint, name: str) -> dict:
-    state = requests.get(endpoint.url + "/admin/workers", timeout=10).json()
+    state = requests.get(endpoint.url + "/admin/workers", timeout=ADMIN_TIMEOUT_S).json()
     return next(w for pool in state["pools"].values() for w in pool["workers"] if w["name"] == name)
 
 
@@ -509,7 +512,7 @@ from tests.integration.test_e_prometheus import *  # noqa: E402,F403  (step 7b: 
 
 
 def worker_state(endpoint, name: str) -> dict:
-    pools = requests.get(endpoint.url + "/admin/workers", timeout=10).json()["pools"]
+    pools = requests.get(endpoint.url + "/admin/workers", timeout=ADMIN_TIMEOUT_S).json()["pools"]
     return next(w for pool in pools.values() for w in pool["workers"] if w["name"] == name)
 
 
