@@ -19,7 +19,9 @@ Each plan also stalls decoding, in seconds:
   ``D × u / (1 − u)``.
 
 The plan is scored by the SLO (``ttftSloS``, ``tpotSloS``) first: each **miss** it would cause
-counts — its own TTFT past the target, its own TPOT past the target (exposure beyond its slack),
+counts — its own TTFT past the target (a chance: the share of that kind of plan's recent
+prediction errors, ``EndpointLoad.ttft_errors``, that would carry the prediction past it), its
+own TPOT past the target (exposure beyond its slack),
 and every stream on the prefilling worker whose remaining TPOT slack
 (``WorkerLoad.stream_slacks_s``) the prefill would use up — then by **risk**, the share of each
 budget it spends (its TTFT of the target, its exposure of its slack, ``stallWeight`` × each other
@@ -245,7 +247,10 @@ class AdaptiveDecider:
         """Misses first, then risk: the share of each SLO budget the plan uses up (its own TTFT
         and TPOT slack, and each running stream's TPOT slack on the worker that prefills)."""
         own_slack = (self.slo.tpot_s - 1 / d.load.decode_tokens_per_s) * max(m - 1, 0)
-        own_misses = int(ttft > self.slo.ttft_s) + self._tpot_miss(exposure, own_slack, d, m)
+        # The TTFT miss is a chance: the share of this kind of plan's recent prediction errors
+        # that would carry it past the target (exactly 0 or 1 until enough were measured).
+        ttft_miss = self.endpoint.ttft_errors[decision.path.value].share_above(self.slo.ttft_s - ttft)
+        own_misses = ttft_miss + self._tpot_miss(exposure, own_slack, d, m)
         own_risk = TTFT_WEIGHT * min(1.0, ttft / self.slo.ttft_s) + (min(1.0, exposure / own_slack) if own_slack > 0 else 1.0)
         slacks, inverse_sums = self._sorted_slacks(prefiller)
         # The streams whose slack the prefill exceeds are pushed past their TPOT; each other one

@@ -432,6 +432,16 @@ class Router:
     def _slo_of(self, ctx: RequestContext) -> tuple[SloJudge, SloClass]:
         return self.slo, self.slo.classify(ctx.num_prompt_tokens)
 
+    def _ttft_audit(self, ctx: RequestContext) -> Callable[[float], None] | None:
+        """Where the adaptive policy predicted the TTFT: its error (measured − predicted) goes to
+        the window of the path it planned, whatever then happened (a split that fell back is a
+        late split)."""
+        predicted = ctx.decision.predicted_ttft_s
+        if predicted is None:
+            return None
+        errors = self.routing.endpoint.ttft_errors[ctx.decision.path.value]
+        return lambda ttft_s: errors.add(ttft_s - predicted)
+
     def _log_line(self, ctx: RequestContext, path: str, workers: str | None) -> dict[str, Any]:
         """What the request log says of a request before its outcome (requestlog.py)."""
         line = {
@@ -533,7 +543,7 @@ class Router:
     async def _relay(self, ctx: RequestContext, continued: ContinuedStream, want_usage: bool) -> AsyncIterator[bytes]:
         stream = continued.stream
         timer = TokenTimer(self.metrics, stream.path_label, ctx.started_at, self._output_meter(ctx), self._slo_of(ctx),
-                           self._log_end(ctx, stream))
+                           self._log_end(ctx, stream), self._ttft_audit(ctx))
         outcome = "ok"
         try:
             async for raw, chunk in continued.events():
@@ -561,7 +571,7 @@ class Router:
 
     async def _aggregate(self, ctx: RequestContext, continued: ContinuedStream, is_chat: bool) -> dict[str, Any]:
         timer = TokenTimer(self.metrics, continued.stream.path_label, ctx.started_at, self._output_meter(ctx),
-                           self._slo_of(ctx), self._log_end(ctx, continued.stream))
+                           self._slo_of(ctx), self._log_end(ctx, continued.stream), self._ttft_audit(ctx))
         aggregator = StreamAggregator(is_chat)
         outcome = "worker_error"
         try:

@@ -20,7 +20,9 @@ a constant in the code (the config's priors only stand in until the first measur
 
 ``EndpointLoad`` holds what is not per worker: the disaggregated path's own overhead (the
 decode hop's first-token latency: the KV pull plus one step and a hop; a recent median) and the
-typical output length (EWMA). ``SharedRates`` pools every worker's samples: a worker not yet
+typical output length (EWMA), and how far the policy's TTFT predictions missed lately, per path
+(``ttft_errors``: measured − predicted, a recent window; the adaptive policy reads a plan's chance
+of missing its TTFT target from it). ``SharedRates`` pools every worker's samples: a worker not yet
 measured is predicted at its peers' measured rates, not at the config's prior (a prior far
 from this hardware's rates sent whole requests to the one unmeasured worker). A clock is
 injected so tests drive time by hand.
@@ -96,6 +98,52 @@ class RecentMedian:
             mid = len(ordered) // 2
             self._median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
         return self._median
+
+
+class Residuals:
+    """The last ``window`` prediction errors (measured − predicted, seconds) of one kind of plan.
+
+    The cost model's TTFT of a split is a sum of medians (a prefill rate, the decode hop's
+    overhead); under load the parts vary together — a prefiller with streams of its own
+    prefills slower, a decoder mid-way through a long step answers the hop late — so its
+    errors spread far wider than a whole request's (measured here: P90 +2.7 s against +0.5 s).
+    The policy asks ``share_above(target − predicted)``: the chance the plan misses a target."""
+
+    def __init__(self, window: int = 64, min_samples: int = 8):
+        self.min_samples = min_samples
+        self._samples: deque[float] = deque(maxlen=window)
+        self._sorted: list[float] | None = None  # of ``_samples``, until they change
+        self.num_samples = 0
+
+    @property
+    def is_measured(self) -> bool:
+        return len(self._samples) >= self.min_samples
+
+    def add(self, sample: float) -> None:
+        if not math.isfinite(sample):
+            return
+        self._samples.append(sample)
+        self.num_samples += 1
+        self._sorted = None
+
+    def _ordered(self) -> list[float]:
+        if self._sorted is None:
+            self._sorted = sorted(self._samples)
+        return self._sorted
+
+    def share_above(self, margin_s: float) -> float:
+        """The share of recent errors larger than ``margin_s``; with too few, the prediction is
+        taken as exact (1 if ``margin_s`` < 0, else 0)."""
+        if not self.is_measured:
+            return float(margin_s < 0)
+        ordered = self._ordered()
+        return (len(ordered) - bisect.bisect_right(ordered, margin_s)) / len(ordered)
+
+    def quantile(self, q: float) -> float | None:
+        if not self._samples:
+            return None
+        ordered = self._ordered()
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 @dataclass(eq=False)  # a ticket is its identity: two alike in every field are still two prefills
@@ -323,8 +371,10 @@ class EndpointLoad:
     split_overhead: RecentMedian = field(init=False)
     output_tokens: Ewma = field(init=False)
     streams_per_decoder: Ewma = field(init=False)
+    ttft_errors: dict[str, Residuals] = field(init=False)  # by planned path: "direct", "disaggregated"
 
     def __post_init__(self) -> None:
+        self.ttft_errors = {"direct": Residuals(), "disaggregated": Residuals()}
         self.split_overhead = RecentMedian(self.priors.split_overhead_s)
         self.output_tokens = Ewma(self.priors.output_tokens, alpha=0.1)
         self.streams_per_decoder = Ewma(0.0, alpha=0.1)

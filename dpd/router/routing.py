@@ -159,4 +159,12 @@ class RoutingPolicy:
             "split_overhead_samples": self.endpoint.split_overhead.num_samples,
             "mean_output_tokens": round(self.endpoint.output_tokens.value, 1),
             "streams_per_decoder": round(self.endpoint.streams_per_decoder.value, 3),
+            # measured − predicted TTFT of the adaptive policy's recent plans, by path
+            "ttft_errors": {path: {"samples": errors.num_samples, "p50_s": _rounded(errors.quantile(0.5)),
+                                   "p90_s": _rounded(errors.quantile(0.9))}
+                            for path, errors in self.endpoint.ttft_errors.items()},
         }
+
+
+def _rounded(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 4)

@@ -76,8 +76,10 @@ class TokenTimer:
 
     def __init__(self, metrics: RouterMetrics, path: str, started_at: float,
                  on_output: Callable[[int], None] | None = None, slo: tuple[SloJudge, SloClass] | None = None,
-                 on_end: Callable[[dict[str, Any]], None] | None = None):
+                 on_end: Callable[[dict[str, Any]], None] | None = None,
+                 on_first_token: Callable[[float], None] | None = None):
         self._on_output = on_output  # the tenant's metering of generated tokens
+        self._on_first_token = on_first_token  # given the TTFT: the cost model's audit of its prediction
         self._on_end = on_end  # the request log's line, given what was measured
         self._metrics = metrics
         self._path = path
@@ -104,6 +106,8 @@ class TokenTimer:
         if self._last_token_at is None:
             self._first_token_at = now
             self._metrics.ttft.labels(self._path, self._class).observe(now - self._started_at)
+            if self._on_first_token is not None:
+                self._on_first_token(now - self._started_at)
         else:
             self._metrics.itl.labels(self._path, self._class).observe(now - self._last_token_at)
         self._last_token_at = now

@@ -201,6 +201,7 @@ class Outcome:
     last_s: float = float("nan")
     num_tokens: int = 0
     gaps: list[tuple[float, int]] = field(default_factory=list)  # inter-token gaps, run-length coded (s, count)
+    predicted_ttft_s: float | None = None  # the adaptive policy's, audited at the first token as the router does
 
     def add_first(self, t: float) -> None:
         self.first_s = self.last_s = t
@@ -288,6 +289,7 @@ class SimEndpoint:
             plan = self.adaptive.plan(n, m, Candidates(self.prefill, self.decode, self.prefill))
             assert plan is not None
             path, reason, p, d = plan.path, plan.reason.value, plan.prefill, plan.decode
+            o.predicted_ttft_s = plan.predicted_ttft_s
         else:
             decision = self.threshold.decide(n, has_prefill_capacity=bool(self.prefill))
             path, reason = decision.path, decision.reason.value
@@ -307,6 +309,8 @@ class SimEndpoint:
         def first(t: float) -> None:
             on_first(t)
             o.add_first(t)
+            if o.predicted_ttft_s is not None:
+                self.endpoint.ttft_errors[o.path].add(o.ttft_s - o.predicted_ttft_s)
             state["stream"] = w.load.begin_stream(o.output_tokens)
 
         def tokens(num_tokens: int, gap_s: float, t: float) -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from dpd.router.adaptive import AdaptiveDecider, Candidates, recommended_threshold
 from dpd.router.decide import Path, Reason
-from dpd.router.load import EndpointLoad, LoadPriors, RecentMedian, WorkerLoad
+from dpd.router.load import EndpointLoad, LoadPriors, RecentMedian, Residuals, WorkerLoad
 from dpd.router.pools import Worker
 
 
@@ -124,6 +124,29 @@ def test_a_request_late_on_every_plan_is_queued_where_it_stalls_no_one():
     plan = decider().plan(3000, 64, Candidates(prefillers=[p], decoders=[d], others=[p]))
     assert (plan.path, plan.workers_label) == (Path.DISAGGREGATED, "prefill-0>decode-0")
     assert plan.predicted_ttft_s > 10
+
+
+@pytest.mark.parametrize("late_s, path", [(0.1, Path.DISAGGREGATED), (8.0, Path.DIRECT)])
+def test_a_split_is_charged_the_misses_its_recent_predictions_imply(late_s, path):
+    """The streaming decoder is protected by a split (predicted 6.3 s, within the 10 s target)
+    while recent splits ran about as predicted; when they ran 8 s late, the same split would miss
+    its target and a whole request (predicted accurately) is planned instead."""
+    p, d = worker("prefill-0", busy_s=30), worker("decode-0", streams=4)
+    policy = decider()
+    for _ in range(16):
+        policy.endpoint.ttft_errors["disaggregated"].add(late_s)
+        policy.endpoint.ttft_errors["direct"].add(0.1)
+    plan = policy.plan(3000, 64, Candidates(prefillers=[p], decoders=[d], others=[p]))
+    assert plan.path is path
+
+
+def test_prediction_errors_give_the_chance_of_a_miss():
+    errors = Residuals(window=4, min_samples=2)
+    assert errors.share_above(-0.5) == 1 and errors.share_above(0.5) == 0  # too few: the prediction is exact
+    for sample in (0.0, 1.0, 2.0, 3.0, float("nan"), 4.0):  # the window keeps the last four
+        errors.add(sample)
+    assert errors.share_above(2.5) == 0.5 and errors.share_above(4.0) == 0 and errors.share_above(0.5) == 1
+    assert errors.quantile(0.5) == 3.0 and errors.num_samples == 5
 
 
 def test_a_split_that_would_outwait_the_prefill_deadline_is_not_planned():

@@ -592,6 +592,11 @@ async def test_the_request_log_holds_the_adaptive_policys_prediction(make_router
     await client.router.stop()
     [line] = [json.loads(x) for x in path.read_text().splitlines()]
     assert line["predicted_ttft_s"] >= 0 and line["ttft_s"] >= 0
+    # The prediction's error joins the window of the path it planned; /admin/policy shows it.
+    errors = client.router.routing.endpoint.ttft_errors[line["path"]]
+    assert errors.num_samples == 1 and errors.quantile(0.5) == pytest.approx(line["ttft_s"] - line["predicted_ttft_s"], abs=2e-3)
+    state = (await client.get("/admin/policy")).json()
+    assert state["ttft_errors"][line["path"]]["samples"] == 1
 
 
 async def test_a_disaggregated_request_is_one_trace_across_the_hops(make_router):
