@@ -11,8 +11,9 @@ a constant in the code (the config's priors only stand in until the first measur
 * ``prefill_tokens_per_s`` — measured prefill rate. The worker is treated as one server that
   works through its prefills in order: a prefill's *service time* runs from when it was sent or
   the previous prefill on the worker finished, whichever is later, to its own end; the sample
-  is its tokens over that time; the rate is the median of recent samples (``RecentMedian``). Prompts shorter than ``min_sample_tokens`` are
-  not sampled: their time is mostly fixed per-request overhead, not prefill;
+  is its tokens over that time; the rate is recent samples' tokens over their time
+  (``RecentRate``). Prompts shorter than ``min_sample_tokens`` are not sampled: their time is
+  mostly fixed per-request overhead, not prefill;
 * ``prefill_utilization`` — the share of recent time the worker spent prefilling (an
   exponentially decayed sum of service times over ``window_s``): how much a stream placed on
   it can expect to be stalled;
@@ -39,6 +40,7 @@ from dataclasses import dataclass, field
 
 Clock = Callable[[], float]
 SAME_STEP_S = 0.005  # prefills that end this close together finished in one engine step
+SAME_STEP_SHARE = 0.1  # … or this close, as a share of the batch's time so far (ends seen late)
 
 
 class Ewma:
@@ -100,6 +102,59 @@ class RecentMedian:
         return self._median
 
 
+class RecentRate:
+    """Tokens per second over the last ``window`` samples of (tokens, seconds): their total tokens
+    over their total time; the prior until ``min_samples``. A sample slower than an eighth of
+    the rest's rate is left out: a worker's first prefills, slowed by vLLM compiling for new
+    shapes (a 2,000-token prefill once measured 50 s instead of 6 s here), would otherwise hold
+    the rate down — and traffic off the worker — until the window forgot them.
+
+    NOTE: a ratio of sums, not a median of ratios. A prefill's service time runs from the end of
+    the one before it, so when vLLM finishes several in one step and the router sees their ends
+    apart (its loop busy relaying streams), the first carries the step's whole time and the rest
+    almost none: their own rates are absurd (a median of them predicted 600-token splits at
+    0.1–0.5 s that took 10–16 s, in a burst). Summed, the time lands where it belongs."""
+
+    def __init__(self, prior: float, window: int = 8, min_samples: int = 3):
+        self.prior = prior
+        self.window = window
+        self.min_samples = min_samples
+        self._samples: deque[tuple[float, float]] = deque(maxlen=window)
+        self.num_samples = 0
+        self._value: float | None = None  # of ``_samples``, until they change
+
+    @property
+    def is_measured(self) -> bool:
+        return len(self._samples) >= self.min_samples
+
+    def add(self, num_tokens: float, seconds: float) -> None:
+        if not (math.isfinite(num_tokens) and math.isfinite(seconds)) or seconds <= 0:
+            return
+        self._samples.append((num_tokens, seconds))
+        self.num_samples += 1
+        self._value = None
+
+    def replace_last(self, num_tokens: float, seconds: float) -> None:
+        if self._samples and math.isfinite(num_tokens) and math.isfinite(seconds) and seconds > 0:
+            self._samples[-1] = (num_tokens, seconds)
+            self._value = None
+
+    @property
+    def value(self) -> float:
+        if self._value is None:
+            if not self.is_measured:
+                return self.prior
+            total_tokens = sum(tokens for tokens, _ in self._samples)
+            total_s = sum(seconds for _, seconds in self._samples)
+            kept_tokens, kept_s = total_tokens, total_s
+            for tokens, seconds in self._samples:
+                rest_s = total_s - seconds
+                if rest_s > 0 and tokens / seconds * 8 < (total_tokens - tokens) / rest_s:
+                    kept_tokens, kept_s = kept_tokens - tokens, kept_s - seconds
+            self._value = kept_tokens / kept_s
+        return self._value
+
+
 class Residuals:
     """The last ``window`` prediction errors (measured − predicted, seconds) of one kind of plan.
 
@@ -107,28 +162,40 @@ class Residuals:
     overhead); under load the parts vary together — a prefiller with streams of its own
     prefills slower, a decoder mid-way through a long step answers the hop late — so its
     errors spread far wider than a whole request's (measured here: P90 +2.7 s against +0.5 s).
-    The policy asks ``share_above(target − predicted)``: the chance the plan misses a target."""
+    The policy asks ``share_above(target − predicted)``: the chance the plan misses a target.
+    Errors older than ``max_age_s`` are forgotten: a plan judged late stops being chosen, so its
+    window would otherwise never change; emptied, it lets the plan be tried and measured again."""
 
-    def __init__(self, window: int = 64, min_samples: int = 8):
+    def __init__(self, window: int = 64, min_samples: int = 8, max_age_s: float = 60.0, clock: Clock = time.monotonic):
         self.min_samples = min_samples
-        self._samples: deque[float] = deque(maxlen=window)
-        self._sorted: list[float] | None = None  # of ``_samples``, until they change
+        self.max_age_s = max_age_s
+        self._clock = clock
+        self._samples: deque[tuple[float, float]] = deque(maxlen=window)  # (when, error)
+        self._sorted: list[float] | None = None  # of ``_samples``' errors, until they change
         self.num_samples = 0
 
     @property
     def is_measured(self) -> bool:
+        self._expire()
         return len(self._samples) >= self.min_samples
 
     def add(self, sample: float) -> None:
         if not math.isfinite(sample):
             return
-        self._samples.append(sample)
+        self._samples.append((self._clock(), sample))
         self.num_samples += 1
         self._sorted = None
 
+    def _expire(self) -> None:
+        oldest = self._clock() - self.max_age_s
+        while self._samples and self._samples[0][0] < oldest:
+            self._samples.popleft()
+            self._sorted = None
+
     def _ordered(self) -> list[float]:
+        self._expire()
         if self._sorted is None:
-            self._sorted = sorted(self._samples)
+            self._sorted = sorted(error for _, error in self._samples)
         return self._sorted
 
     def share_above(self, margin_s: float) -> float:
@@ -140,9 +207,9 @@ class Residuals:
         return (len(ordered) - bisect.bisect_right(ordered, margin_s)) / len(ordered)
 
     def quantile(self, q: float) -> float | None:
-        if not self._samples:
-            return None
         ordered = self._ordered()
+        if not ordered:
+            return None
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
@@ -191,7 +258,7 @@ class SharedRates:
     """Every worker's rate samples together: what an unmeasured worker is predicted at."""
 
     def __init__(self, priors: LoadPriors = LoadPriors(), window: int = 16):
-        self.prefill_rate = RecentMedian(priors.prefill_tokens_per_s, window=window)
+        self.prefill_rate = RecentRate(priors.prefill_tokens_per_s, window=window)
         self.decode_rate = RecentMedian(priors.decode_tokens_per_s, window=window)
 
 
@@ -203,7 +270,7 @@ class WorkerLoad:
         self.min_sample_tokens = min_sample_tokens
         self.queued_prefill_tokens = 0
         self.streams: list[StreamTicket] = []
-        self.prefill_rate = RecentMedian(priors.prefill_tokens_per_s)
+        self.prefill_rate = RecentRate(priors.prefill_tokens_per_s)
         self.decode_rate = RecentMedian(priors.decode_tokens_per_s)
         self.shared = shared if shared is not None else SharedRates(priors)
         self.prefills: list[PrefillTicket] = []
@@ -232,13 +299,16 @@ class WorkerLoad:
         if not is_ok:
             return
         now = self._clock()
-        if now - self._last_prefill_end <= SAME_STEP_S and self._batch_tokens:
-            # Finished in the same engine step as the previous one: one sample for the batch.
+        gap_s = now - self._last_prefill_end
+        if self._batch_tokens and gap_s <= max(SAME_STEP_S, SAME_STEP_SHARE * self._batch_s):
+            # Finished in the same engine step as the previous one (seen a little later when
+            # the router's loop is busy): one sample for the batch.
             self._batch_tokens += ticket.num_tokens if ticket.num_tokens >= self.min_sample_tokens else 0
             self._last_prefill_end = now
-            if self._batch_tokens and self._batch_s > 0:
-                self.prefill_rate.replace_last(self._batch_tokens / self._batch_s)
-                self.shared.prefill_rate.replace_last(self._batch_tokens / self._batch_s)
+            self._add_busy(gap_s, now)
+            self._batch_s += gap_s
+            self.prefill_rate.replace_last(self._batch_tokens, self._batch_s)
+            self.shared.prefill_rate.replace_last(self._batch_tokens, self._batch_s)
             return
         started = max(ticket.sent_at, self._last_prefill_end)
         self._last_prefill_end = now
@@ -247,8 +317,8 @@ class WorkerLoad:
         self._batch_tokens, self._batch_s = 0, service_s
         if ticket.num_tokens >= self.min_sample_tokens:
             self._batch_tokens = ticket.num_tokens
-            self.prefill_rate.add(ticket.num_tokens / service_s)
-            self.shared.prefill_rate.add(ticket.num_tokens / service_s)
+            self.prefill_rate.add(ticket.num_tokens, service_s)
+            self.shared.prefill_rate.add(ticket.num_tokens, service_s)
 
     @property
     def num_prefills(self) -> int:
@@ -372,9 +442,10 @@ class EndpointLoad:
     output_tokens: Ewma = field(init=False)
     streams_per_decoder: Ewma = field(init=False)
     ttft_errors: dict[str, Residuals] = field(init=False)  # by planned path: "direct", "disaggregated"
+    clock: Clock = time.monotonic
 
     def __post_init__(self) -> None:
-        self.ttft_errors = {"direct": Residuals(), "disaggregated": Residuals()}
+        self.ttft_errors = {"direct": Residuals(clock=self.clock), "disaggregated": Residuals(clock=self.clock)}
         self.split_overhead = RecentMedian(self.priors.split_overhead_s)
         self.output_tokens = Ewma(self.priors.output_tokens, alpha=0.1)
         self.streams_per_decoder = Ewma(0.0, alpha=0.1)

@@ -264,7 +264,7 @@ class SimEndpoint:
         for w in (*self.prefill, *self.decode):
             assert isinstance(w.load, _SimulatedLoad)
             w.load.engine = self.engines[w.name]
-        self.endpoint = EndpointLoad(priors)
+        self.endpoint = EndpointLoad(priors, clock=lambda: self.sim.now)
         self.threshold = ThresholdDecider(threshold_tokens, is_colocated=policy == "colocated")
         self.adaptive = AdaptiveDecider(floor_tokens, self.endpoint, stall_weight=stall_weight, slo=slo,
                                         max_stall_s=max_stall_s)

@@ -10,7 +10,7 @@ import pytest
 
 from dpd.router.adaptive import AdaptiveDecider, Candidates, recommended_threshold
 from dpd.router.decide import Path, Reason
-from dpd.router.load import EndpointLoad, LoadPriors, RecentMedian, Residuals, WorkerLoad
+from dpd.router.load import EndpointLoad, LoadPriors, RecentMedian, RecentRate, Residuals, WorkerLoad
 from dpd.router.pools import Worker
 
 
@@ -230,6 +230,57 @@ def test_a_cold_start_sample_is_forgotten():
     assert rate.value == 500.0 and rate.num_samples == 11
 
 
+def test_a_cold_start_prefill_is_left_out_of_the_rate():
+    rate = RecentRate(500.0, window=8, min_samples=3)
+    rate.add(2000, 50.0)  # vLLM compiling: 40 tokens/s
+    rate.add(480, 1.0)
+    rate.add(520, 1.0)
+    assert rate.value == pytest.approx(500.0)  # under an eighth of the others' rate: left out
+    rate.add(1000, 0.0)  # no time: not a sample
+    assert rate.num_samples == 3
+
+
+def test_the_rate_sums_a_batch_whose_ends_were_seen_apart():
+    """Each 3 s step finished three 600-token prefills; the first end carried the step's time,
+    the other two 0.2 s between them (too far apart to be merged as one step). Tokens over
+    time: ~590 tokens/s, where the samples' median rate was 3,000."""
+    rate = RecentRate(100.0, window=9)
+    for _ in range(3):
+        rate.add(600, 3.0)
+        rate.add(600, 0.2)
+        rate.add(600, 0.2)
+    assert rate.value == pytest.approx(5400 / 10.2)
+
+
+def test_prefills_of_one_step_seen_apart_give_the_steps_rate():
+    """Three 600-token prefills end in one 3 s engine step, and the router, busy relaying
+    streams, sees their ends 20 ms apart: the first carries the step's time, the others almost
+    none (30,000 tokens/s each). The rate is still the step's, 600 tokens/s — a median of the
+    samples' own rates was 30,000 and predicted a 600-token split at 0.1 s."""
+    clock = FakeClock()
+    load = WorkerLoad(LoadPriors(prefill_tokens_per_s=100.0), clock)
+    for _ in range(3):
+        tickets = [load.begin_prefill(600) for _ in range(3)]
+        clock.now += 3.0
+        for ticket in tickets:
+            load.end_prefill(ticket, is_ok=True)
+            clock.now += 0.02
+        clock.now += 5.0
+    assert load.prefill_tokens_per_s == pytest.approx(1800 / 3.04, rel=0.01)
+
+
+def test_prediction_errors_are_forgotten_after_a_minute():
+    """A plan judged late stops being chosen and measured: its errors expire, and it is tried again."""
+    clock = FakeClock()
+    errors = Residuals(min_samples=2, max_age_s=60.0, clock=clock)
+    errors.add(9.0)
+    clock.now += 30
+    errors.add(9.0)
+    assert errors.share_above(5.0) == 1
+    clock.now += 31  # the first is 61 s old
+    assert not errors.is_measured and errors.share_above(5.0) == 0 and errors.quantile(0.5) == 9.0
+
+
 def test_failed_or_short_prefills_are_not_sampled_and_tickets_close_once():
     clock = FakeClock()
     load = WorkerLoad(LoadPriors(prefill_tokens_per_s=100.0), clock)
@@ -292,7 +343,7 @@ def test_prefills_ending_in_one_step_make_one_sample():
         clock.now += 0.001
         load.end_prefill(b, is_ok=True)
         clock.now += 1.0
-    assert load.prefill_tokens_per_s == pytest.approx(2000 / 8.0)
+    assert load.prefill_tokens_per_s == pytest.approx(2000 / 8.001)
 
 
 def test_stream_slack_counts_running_streams_and_queued_whole_requests():
