@@ -437,9 +437,9 @@ class Router:
         the window of the path it planned, whatever then happened (a split that fell back is a
         late split)."""
         predicted = ctx.decision.predicted_ttft_s
-        if predicted is None:
+        errors = self.routing.endpoint.ttft_errors.get(ctx.decision.path.value)
+        if predicted is None or errors is None:
             return None
-        errors = self.routing.endpoint.ttft_errors[ctx.decision.path.value]
         return lambda ttft_s: errors.add(ttft_s - predicted)
 
     def _log_line(self, ctx: RequestContext, path: str, workers: str | None) -> dict[str, Any]:
