@@ -108,6 +108,7 @@ class AdaptiveDecider:
         self._services: dict[int, list[float]] = {}
         self._exposure: dict[tuple[int, int], float] = {}
         self._prefill_times: dict[tuple[int, int], float] = {}
+        self._ttft_errors: dict[Path, list[float] | None] = {}
 
     @property
     def threshold_tokens(self) -> int:
@@ -132,6 +133,9 @@ class AdaptiveDecider:
         # Per-worker figures every plan through that worker reads (a pool of P prefillers and D
         # decoders has P × D splits): computed once per decision, the same values as uncached.
         self._slacks, self._services, self._exposure, self._prefill_times = {}, {}, {}, {}
+        errors = self.endpoint.ttft_errors
+        self._ttft_errors = {Path.DIRECT: errors["direct"].measured_errors(),
+                             Path.DISAGGREGATED: errors["disaggregated"].measured_errors()}
         candidates = self._shortlist(candidates, num_prompt_tokens, cached)
         n = num_prompt_tokens
         m = num_output_tokens if num_output_tokens is not None else round(self.endpoint.output_tokens.value)
@@ -249,7 +253,9 @@ class AdaptiveDecider:
         own_slack = (self.slo.tpot_s - 1 / d.load.decode_tokens_per_s) * max(m - 1, 0)
         # The TTFT miss is a chance: the share of this kind of plan's recent prediction errors
         # that would carry it past the target (exactly 0 or 1 until enough were measured).
-        ttft_miss = self.endpoint.ttft_errors[decision.path.value].share_above(self.slo.ttft_s - ttft)
+        margin = self.slo.ttft_s - ttft
+        errors = self._ttft_errors.get(decision.path)
+        ttft_miss = float(margin < 0) if errors is None else (len(errors) - bisect.bisect_right(errors, margin)) / len(errors)
         own_misses = ttft_miss + self._tpot_miss(exposure, own_slack, d, m)
         own_risk = TTFT_WEIGHT * min(1.0, ttft / self.slo.ttft_s) + (min(1.0, exposure / own_slack) if own_slack > 0 else 1.0)
         slacks, inverse_sums = self._sorted_slacks(prefiller)

@@ -198,6 +198,11 @@ class Residuals:
             self._sorted = sorted(error for _, error in self._samples)
         return self._sorted
 
+    def measured_errors(self) -> list[float] | None:
+        """The recent errors, sorted, or None while too few (what ``share_above`` reads, for a
+        caller that asks many times in one decision)."""
+        return self._ordered() if self.is_measured else None
+
     def share_above(self, margin_s: float) -> float:
         """The share of recent errors larger than ``margin_s``; with too few, the prediction is
         taken as exact (1 if ``margin_s`` < 0, else 0)."""
