@@ -52,7 +52,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from dpd.router.decide import Decision, Path, Reason, checked_threshold
-from dpd.router.load import EndpointLoad
+from dpd.router.load import EndpointLoad, share_above
 from dpd.router.pools import Worker
 
 TTFT_WEIGHT = 0.1
@@ -253,9 +253,7 @@ class AdaptiveDecider:
         own_slack = (self.slo.tpot_s - 1 / d.load.decode_tokens_per_s) * max(m - 1, 0)
         # The TTFT miss is a chance: the share of this kind of plan's recent prediction errors
         # that would carry it past the target (exactly 0 or 1 until enough were measured).
-        margin = self.slo.ttft_s - ttft
-        errors = self._ttft_errors.get(decision.path)
-        ttft_miss = float(margin < 0) if errors is None else (len(errors) - bisect.bisect_right(errors, margin)) / len(errors)
+        ttft_miss = share_above(self._ttft_errors.get(decision.path), self.slo.ttft_s - ttft)
         own_misses = ttft_miss + self._tpot_miss(exposure, own_slack, d, m)
         own_risk = TTFT_WEIGHT * min(1.0, ttft / self.slo.ttft_s) + (min(1.0, exposure / own_slack) if own_slack > 0 else 1.0)
         slacks, inverse_sums = self._sorted_slacks(prefiller)

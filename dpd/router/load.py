@@ -206,16 +206,21 @@ class Residuals:
     def share_above(self, margin_s: float) -> float:
         """The share of recent errors larger than ``margin_s``; with too few, the prediction is
         taken as exact (1 if ``margin_s`` < 0, else 0)."""
-        if not self.is_measured:
-            return float(margin_s < 0)
-        ordered = self._ordered()
-        return (len(ordered) - bisect.bisect_right(ordered, margin_s)) / len(ordered)
+        return share_above(self.measured_errors(), margin_s)
 
     def quantile(self, q: float) -> float | None:
         ordered = self._ordered()
         if not ordered:
             return None
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def share_above(errors: list[float] | None, margin_s: float) -> float:
+    """The share of sorted ``errors`` larger than ``margin_s`` (``Residuals.measured_errors``);
+    None (too few measured): 1 if ``margin_s`` < 0, else 0."""
+    if errors is None:
+        return float(margin_s < 0)
+    return (len(errors) - bisect.bisect_right(errors, margin_s)) / len(errors)
 
 
 @dataclass(eq=False)  # a ticket is its identity: two alike in every field are still two prefills
