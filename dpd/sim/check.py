@@ -6,7 +6,8 @@ beside measured — the accuracy figures of ``dpd plan`` (docs/planning.md, BENC
 predicted and measured (and the difference, in points), P50 and P99 TTFT and P99 ITL as
 predicted ÷ measured. The endpoint simulated is the ladder's: one prefill and one decode
 worker (two colocated workers for ``colocated``), the static split at the ladder's threshold
-(``dpd``), the adaptive policy at its floor (``dpd-adaptive``).
+(``dpd``), the adaptive policy at its floor (``dpd-adaptive``), with the ladder's stall limit, stall
+weight and TTFT target where it set them.
 """
 
 from __future__ import annotations
@@ -57,6 +58,9 @@ def check(results_path: str | Path, profile: EngineProfile) -> list[Comparison]:
     results = json.loads(Path(results_path).read_text())
     spec = _spec(results)
     slo = Slo(spec.slo.ttft_s, spec.slo.tpot_s)
+    # What the adaptive policy planned against: the ladder's own settings where it ran with any.
+    planned = Slo(spec.slo.ttft_s if spec.adaptive_ttft_target_s is None else spec.adaptive_ttft_target_s,
+                  spec.slo.tpot_s)
     sets = {w: request_set(spec, w)[0] for w in {r["workload"] for r in results["runs"]}}
     out = []
     for run in results["runs"]:
@@ -66,9 +70,9 @@ def check(results_path: str | Path, profile: EngineProfile) -> list[Comparison]:
         trace = at_rate(sets[run["workload"]], run["rate_rps"])
         policy = POLICY[scenario]
         floor = spec.adaptive_floor_tokens if policy == "adaptive" else spec.threshold_tokens
-        sim = SimEndpoint(policy, num_prefill=1, num_decode=1, threshold_tokens=floor, profile=profile, slo=slo,
-                          floor_tokens=spec.adaptive_floor_tokens,
-                          max_stall_s=spec.adaptive_max_stall_s)
+        sim = SimEndpoint(policy, num_prefill=1, num_decode=1, threshold_tokens=floor, profile=profile, slo=planned,
+                          floor_tokens=spec.adaptive_floor_tokens, max_stall_s=spec.adaptive_max_stall_s,
+                          stall_weight=1.0 if spec.adaptive_stall_weight is None else spec.adaptive_stall_weight)
         outcomes = sim.replay([(r.arrival_s, r.num_prompt_tokens, r.num_output_tokens) for r in trace])
         records = [RequestRecord(**r) for r in run["records"]]
         measured_ttft = [r.ttft_s if r.is_ok else float("inf") for r in records]

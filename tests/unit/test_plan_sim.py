@@ -175,6 +175,39 @@ def test_the_simulator_is_checked_against_a_ladders_runs(tmp_path):
     assert "Attainment within 10 points in" in table(rows)
 
 
+def test_the_check_simulates_the_adaptive_settings_the_ladder_ran_with(tmp_path, monkeypatch):
+    """A ladder run with a stall weight, a stall limit or a TTFT target is replayed with them."""
+    from dataclasses import asdict
+
+    import dpd.sim.check as sim_check
+    from dpd.bench.ladder import LadderSpec
+    from dpd.bench.stats import RequestRecord
+    from dpd.bench.stats import Slo as BenchSlo
+
+    spec = LadderSpec(trace_dir="/nowhere", rates_rps=(0.5,), slo=BenchSlo(10, 0.2), workloads=("synthetic",),
+                      num_requests=4, max_prompt_tokens=512, adaptive_stall_weight=0.25, adaptive_max_stall_s=0.04,
+                      adaptive_ttft_target_s=3.0)
+    records = [asdict(RequestRecord(ttft_s=1.0, e2e_s=3.0, num_output_tokens=11, itls_s=[0.2] * 10, index=i))
+               for i in range(4)]
+    results = {"spec": {**asdict(spec), "slo": asdict(spec.slo)}, "workloads": {"synthetic": "x"},
+               "runs": [{"round": 0, "workload": "synthetic", "rate_rps": 0.5, "scenario": "dpd-adaptive",
+                         "records": records}]}
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(results))
+    built = []
+    real = sim_check.SimEndpoint
+
+    def recording(*args, **kwargs):
+        built.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sim_check, "SimEndpoint", recording)
+    [row] = sim_check.check(path, EngineProfile())
+    assert built[0]["stall_weight"] == 0.25 and built[0]["max_stall_s"] == 0.04
+    assert built[0]["slo"].ttft_s == 3.0 and built[0]["slo"].tpot_s == 0.2
+    assert row.measured_attainment == 1.0  # judged against the ladder's SLO (10 s), not the planning target
+
+
 def test_the_split_is_measured_under_the_static_split_and_the_policy_restored(monkeypatch):
     """``dpd profile --router``: under the adaptive policy a threshold of 0 does not force a split
     (it may run the prompt whole), so the profile switches to the static split while it measures
