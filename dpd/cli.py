@@ -36,11 +36,14 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, get_args
+from typing import TYPE_CHECKING, Any, get_args
 
 from dpd.config import ConfigError, InferenceEndpointConfig, json_schema, load_config, parse_config
 from dpd.config.model import DEFAULT_ROUTING_THRESHOLD_TOKENS, PdSpec, RouterSpec
 from dpd.observe.alerts import DEFAULT_SLO_TARGET
+
+if TYPE_CHECKING:
+    from dpd.sim.engine import EngineProfile
 
 # The allowed values, read from the config model (one source for the config and the flags).
 PICKERS: tuple[str, ...] = get_args(RouterSpec.model_fields["picker"].annotation)
@@ -355,12 +358,22 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from dpd.sim.plan import best, render_config, search, table
     from dpd.sim.profile import Profile
 
+    if args.fit_speed and not args.check:
+        print("dpd plan: --fit-speed needs --check LADDER_RESULTS", file=sys.stderr)
+        return 2
     if args.check:
-        from dpd.sim.check import check
+        from dpd.sim.check import check, fit_speed
         from dpd.sim.check import table as check_table
 
         try:
-            print(check_table(check(args.check, Profile.load(args.profile).engine)))
+            engine = _loaded_engine(args)
+            if args.fit_speed:
+                fits = fit_speed(args.check, engine)
+                print("| speed under load | mean attainment error (points) |\n|---|---|")
+                print("\n".join(f"| {speed:.2f} | {error:.1f} |" for speed, error in sorted(fits, reverse=True)))
+                print(f"\nBest: --speed-under-load {fits[0][0]:.2f} (in-sample: check it on another ladder)")
+                return 0
+            print(check_table(check(args.check, engine)))
         except (OSError, ValueError, KeyError) as exc:
             print(f"dpd plan --check: {exc}", file=sys.stderr)
             return 2
@@ -369,6 +382,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         return _plan_speed(args)
     try:
         profile = Profile.load(args.profile)
+        engine = _loaded_engine(args)
         workload = "synthetic" if args.trace == "synthetic" else "trace"
         spec = LadderSpec(trace_dir=args.trace if workload == "trace" else str(DEFAULT_TRACE_DIR), rates_rps=(args.rate,),
                           slo=BenchSlo(args.slo_ttft, args.slo_tpot), num_requests=args.requests,
@@ -386,7 +400,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         if done == total or done % 10 == 0:
             print(f"\rdpd plan: {done}/{total} candidates simulated", end="\n" if done == total else "", file=sys.stderr)
 
-    rows = search(requests_, profile.engine, slo, max_workers=args.max_workers, min_workers=args.min_workers,
+    rows = search(requests_, engine, slo, max_workers=args.max_workers, min_workers=args.min_workers,
                   policies=policies, thresholds=args.thresholds, price_per_worker_hour=args.price_per_worker_hour,
                   progress=progress, jobs=args.jobs)
     wall_s = time.perf_counter() - started
@@ -403,14 +417,20 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _loaded_engine(args: argparse.Namespace) -> EngineProfile:
+    """The profile's engine at ``--speed-under-load`` × its measured speed."""
+    from dpd.sim.profile import Profile, under_load
+
+    return under_load(Profile.load(args.profile).engine, args.speed_under_load)
+
+
 def _plan_speed(args: argparse.Namespace) -> int:
     from dpd.bench.workloads import load_trace
     from dpd.router.adaptive import Slo
     from dpd.sim import speed
-    from dpd.sim.profile import Profile
 
     try:
-        profile = Profile.load(args.profile).engine
+        profile = _loaded_engine(args)
         trace = [(r.arrival_s, min(r.num_prompt_tokens, args.max_prompt_tokens), max(1, min(r.num_output_tokens, args.max_output_tokens)))
                  for r in load_trace(args.trace)]
     except (OSError, ValueError) as exc:
@@ -724,6 +744,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="planned-endpoint.yaml", help="where the recommended config is written")
     p.add_argument("--check", metavar="LADDER_RESULTS", help="instead: the simulator against a `dpd bench ladder` "
                    "results.json (predicted vs measured, per run)")
+    p.add_argument("--speed-under-load", type=float, default=1.0, metavar="S",
+                   help="simulate the workers at S × the profile's speed (a profile times one worker alone; "
+                   "serving, it shares the machine): 0.85 fitted this project's 2-core machine")
+    p.add_argument("--fit-speed", action="store_true", help="with --check: the --speed-under-load (1.0 down to 0.5) "
+                   "whose predicted attainment is closest to the ladder's")
     p.set_defaults(func=_cmd_plan)
 
     p = sub.add_parser("keys", help="API keys: make one, or hash one for the config")

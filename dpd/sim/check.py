@@ -89,6 +89,23 @@ def check(results_path: str | Path, profile: EngineProfile) -> list[Comparison]:
     return out
 
 
+SPEEDS = tuple(round(1.0 - 0.05 * i, 2) for i in range(11))  # 1.0 … 0.5: the factors --fit-speed tries
+
+
+def fit_speed(results_path: str | Path, profile: EngineProfile,
+              speeds: tuple[float, ...] = SPEEDS) -> list[tuple[float, float]]:
+    """For each speed factor (``profile.under_load``), the mean absolute attainment error in
+    points over the ladder's runs; best first. Fitted on one ladder, it should be checked on
+    another (it is in-sample on the one it was fitted to)."""
+    from dpd.sim.profile import under_load
+
+    errors = []
+    for speed in speeds:
+        rows = check(results_path, under_load(profile, speed))
+        errors.append((speed, sum(abs(r.attainment_error_points) for r in rows) / max(len(rows), 1)))
+    return sorted(errors, key=lambda e: (e[1], -e[0]))
+
+
 def _ratio(pair: tuple[float, float]) -> str:
     predicted, measured = pair
     if not measured or measured != measured or predicted != predicted:

@@ -70,6 +70,19 @@ class Profile:
             raise ValueError(f"{path} is not a dpd profile: {exc}") from None
 
 
+def under_load(engine: EngineProfile, speed: float) -> EngineProfile:
+    """``engine`` at ``speed`` × its measured speed: prefill that much slower or faster, each
+    decode step's costs divided by it (the KV pull unchanged). A profile times one worker
+    alone; serving, it shares the machine with its peers, the router and their threads: on this
+    project's 2-core machine 0.85 fitted the synthetic ladder of 2026-12-06 and, checked on the
+    trace's ladders, cut their mean attainment error from 10 to 4 points (BENCHMARKS.md).
+    ``dpd plan --check LADDER --fit-speed`` finds it for a machine."""
+    if not speed > 0:
+        raise ValueError("the speed under load must be positive")
+    return replace(engine, prefill_tokens_per_s=engine.prefill_tokens_per_s * speed,
+                   step_overhead_s=engine.step_overhead_s / speed, decode_s_per_stream=engine.decode_s_per_stream / speed)
+
+
 def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
     """Least-squares (intercept, slope) of ys over xs."""
     if len(set(xs)) < 2:

@@ -148,6 +148,10 @@ def test_dpd_plan_end_to_end(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "dpd", "plan", "--profile", str(tmp_path / "none.json")],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "dpd plan:" in bad.stderr and "Traceback" not in bad.stderr
+    for args in (["--fit-speed"], ["--speed-under-load", "0"]):
+        bad = subprocess.run([sys.executable, "-m", "dpd", "plan", "--profile", str(profile), "--trace", "synthetic",
+                              "--requests", "10", "--out", str(out), *args], capture_output=True, text=True, timeout=120)
+        assert bad.returncode == 2 and "dpd plan" in bad.stderr and "Traceback" not in bad.stderr, args
 
 
 def test_the_simulator_is_checked_against_a_ladders_runs(tmp_path):
@@ -206,6 +210,43 @@ def test_the_check_simulates_the_adaptive_settings_the_ladder_ran_with(tmp_path,
     assert built[0]["stall_weight"] == 0.25 and built[0]["max_stall_s"] == 0.04
     assert built[0]["slo"].ttft_s == 3.0 and built[0]["slo"].tpot_s == 0.2
     assert row.measured_attainment == 1.0  # judged against the ladder's SLO (10 s), not the planning target
+
+
+def test_a_profile_under_load_is_slower_by_the_factor():
+    from dpd.sim.profile import under_load
+
+    engine = EngineProfile(prefill_tokens_per_s=800, step_overhead_s=0.02, decode_s_per_stream=0.001, kv_transfer_s=0.05)
+    slowed = under_load(engine, 0.8)
+    assert slowed.prefill_tokens_per_s == pytest.approx(640)
+    assert slowed.step_overhead_s == pytest.approx(0.025) and slowed.decode_s_per_stream == pytest.approx(0.00125)
+    assert slowed.kv_transfer_s == 0.05 and slowed.max_batched_tokens == engine.max_batched_tokens
+    with pytest.raises(ValueError):
+        under_load(engine, 0)
+
+
+def test_the_speed_under_load_is_fitted_to_a_ladder(tmp_path):
+    """A ladder whose runs all missed the SLO where an idle-speed simulation meets it: a slower
+    speed fits better, and the factors come back best first."""
+    from dataclasses import asdict
+
+    from dpd.bench.ladder import LadderSpec
+    from dpd.bench.stats import RequestRecord
+    from dpd.bench.stats import Slo as BenchSlo
+    from dpd.sim.check import SPEEDS, fit_speed
+
+    spec = LadderSpec(trace_dir="/nowhere", rates_rps=(2.0,), slo=BenchSlo(10, 0.2), workloads=("synthetic",),
+                      num_requests=40, max_prompt_tokens=768)
+    records = [asdict(RequestRecord(ttft_s=20.0, e2e_s=30.0, num_output_tokens=11, itls_s=[1.0] * 10, index=i))
+               for i in range(40)]
+    results = {"spec": {**asdict(spec), "slo": asdict(spec.slo)}, "workloads": {"synthetic": "x"},
+               "runs": [{"round": 0, "workload": "synthetic", "rate_rps": 2.0, "scenario": "colocated", "records": records}]}
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(results))
+    fits = fit_speed(path, EngineProfile(prefill_tokens_per_s=700, step_overhead_s=0.025, decode_s_per_stream=0.001))
+    assert sorted(speed for speed, _ in fits) == sorted(SPEEDS)
+    assert [error for _, error in fits] == sorted(error for _, error in fits)
+    error_at = dict(fits)
+    assert error_at[0.5] < error_at[1.0]
 
 
 def test_the_split_is_measured_under_the_static_split_and_the_policy_restored(monkeypatch):
