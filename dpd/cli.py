@@ -356,7 +356,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from dpd.bench.stats import Slo as BenchSlo
     from dpd.router.adaptive import Slo
     from dpd.sim.plan import best, render_config, search, table
-    from dpd.sim.profile import Profile
+    from dpd.sim.profile import Profile, under_load
 
     if args.fit_speed and not args.check:
         print("dpd plan: --fit-speed needs --check LADDER_RESULTS", file=sys.stderr)
@@ -382,7 +382,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         return _plan_speed(args)
     try:
         profile = Profile.load(args.profile)
-        engine = _loaded_engine(args)
+        engine = under_load(profile.engine, args.speed_under_load)
         workload = "synthetic" if args.trace == "synthetic" else "trace"
         spec = LadderSpec(trace_dir=args.trace if workload == "trace" else str(DEFAULT_TRACE_DIR), rates_rps=(args.rate,),
                           slo=BenchSlo(args.slo_ttft, args.slo_tpot), num_requests=args.requests,

@@ -54,33 +54,58 @@ def _spec(results: dict) -> LadderSpec:
     return LadderSpec(**s)
 
 
-def check(results_path: str | Path, profile: EngineProfile) -> list[Comparison]:
+@dataclass(frozen=True)
+class _Run:
+    workload: str
+    scenario: str
+    rate_rps: float
+    requests: list[tuple[float, int, int]]  # (arrival s, prompt tokens, output tokens), as the ladder sent them
+    records: list[RequestRecord]  # what was measured
+
+
+@dataclass(frozen=True)
+class _Ladder:
+    spec: LadderSpec
+    runs: list[_Run]
+
+
+def _load(results_path: str | Path) -> _Ladder:
+    """A ladder's results, its request sets rebuilt once (the trace is read from disk)."""
     results = json.loads(Path(results_path).read_text())
     spec = _spec(results)
+    sets = {w: request_set(spec, w)[0] for w in {r["workload"] for r in results["runs"]}}
+    runs = [_Run(run["workload"], run["scenario"], run["rate_rps"],
+                 [(r.arrival_s, r.num_prompt_tokens, r.num_output_tokens) for r in at_rate(sets[run["workload"]], run["rate_rps"])],
+                 [RequestRecord(**r) for r in run["records"]])
+            for run in results["runs"] if run["scenario"] in POLICY]
+    return _Ladder(spec, runs)
+
+
+def check(results_path: str | Path, profile: EngineProfile) -> list[Comparison]:
+    return _compare(_load(results_path), profile)
+
+
+def _compare(ladder: _Ladder, profile: EngineProfile) -> list[Comparison]:
+    spec = ladder.spec
     slo = Slo(spec.slo.ttft_s, spec.slo.tpot_s)
     # What the adaptive policy planned against: the ladder's own settings where it ran with any.
     planned = Slo(spec.slo.ttft_s if spec.adaptive_ttft_target_s is None else spec.adaptive_ttft_target_s,
                   spec.slo.tpot_s)
-    sets = {w: request_set(spec, w)[0] for w in {r["workload"] for r in results["runs"]}}
     out = []
-    for run in results["runs"]:
-        scenario = run["scenario"]
-        if scenario not in POLICY:
-            continue
-        trace = at_rate(sets[run["workload"]], run["rate_rps"])
-        policy = POLICY[scenario]
+    for run in ladder.runs:
+        policy = POLICY[run.scenario]
         floor = spec.adaptive_floor_tokens if policy == "adaptive" else spec.threshold_tokens
         sim = SimEndpoint(policy, num_prefill=1, num_decode=1, threshold_tokens=floor, profile=profile, slo=planned,
                           floor_tokens=spec.adaptive_floor_tokens, max_stall_s=spec.adaptive_max_stall_s,
                           stall_weight=1.0 if spec.adaptive_stall_weight is None else spec.adaptive_stall_weight)
-        outcomes = sim.replay([(r.arrival_s, r.num_prompt_tokens, r.num_output_tokens) for r in trace])
-        records = [RequestRecord(**r) for r in run["records"]]
+        outcomes = sim.replay(run.requests)
+        records = run.records
         measured_ttft = [r.ttft_s if r.is_ok else float("inf") for r in records]
         measured_itl = [g for r in records if r.is_ok for g in r.itls_s]
-        sim_gaps = [run for o in outcomes for run in o.gaps]
+        sim_gaps = [gap for o in outcomes for gap in o.gaps]
         sim_ttft = [o.ttft_s for o in outcomes]
         out.append(Comparison(
-            run["workload"], scenario, run["rate_rps"],
+            run.workload, run.scenario, run.rate_rps,
             sum(spec.slo.is_met(r) for r in records) / len(records), sum(o.meets(slo) for o in outcomes) / len(outcomes),
             (percentile(sim_ttft, 0.5), percentile(measured_ttft, 0.5)),
             (percentile(sim_ttft, 0.99), percentile(measured_ttft, 0.99)),
@@ -96,12 +121,13 @@ def fit_speed(results_path: str | Path, profile: EngineProfile,
               speeds: tuple[float, ...] = SPEEDS) -> list[tuple[float, float]]:
     """For each speed factor (``profile.under_load``), the mean absolute attainment error in
     points over the ladder's runs; best first. Fitted on one ladder, it should be checked on
-    another (it is in-sample on the one it was fitted to)."""
+    another (it is in-sample on the one it was fitted to). The ladder is read once."""
     from dpd.sim.profile import under_load
 
+    ladder = _load(results_path)
     errors = []
     for speed in speeds:
-        rows = check(results_path, under_load(profile, speed))
+        rows = _compare(ladder, under_load(profile, speed))
         errors.append((speed, sum(abs(r.attainment_error_points) for r in rows) / max(len(rows), 1)))
     return sorted(errors, key=lambda e: (e[1], -e[0]))
 

@@ -154,10 +154,20 @@ def test_dpd_plan_end_to_end(tmp_path):
         assert bad.returncode == 2 and "dpd plan" in bad.stderr and "Traceback" not in bad.stderr, args
 
 
-def test_the_simulator_is_checked_against_a_ladders_runs(tmp_path):
-    """`dpd plan --check`: each run of a ladder results file replayed in the simulator."""
+def _ladder_results(tmp_path, spec, records, scenarios, rate):
+    """A ``dpd bench ladder`` results.json of one round: ``records`` (RequestRecords) for each scenario."""
     from dataclasses import asdict
 
+    results = {"spec": {**asdict(spec), "slo": asdict(spec.slo)}, "workloads": {"synthetic": "x"},
+               "runs": [{"round": 0, "workload": "synthetic", "rate_rps": rate, "scenario": scenario,
+                         "records": [asdict(r) for r in records]} for scenario in scenarios]}
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(results))
+    return path
+
+
+def test_the_simulator_is_checked_against_a_ladders_runs(tmp_path):
+    """`dpd plan --check`: each run of a ladder results file replayed in the simulator."""
     from dpd.bench.ladder import LadderSpec
     from dpd.bench.stats import RequestRecord
     from dpd.bench.stats import Slo as BenchSlo
@@ -165,13 +175,9 @@ def test_the_simulator_is_checked_against_a_ladders_runs(tmp_path):
 
     spec = LadderSpec(trace_dir="/nowhere", rates_rps=(0.5,), slo=BenchSlo(10, 0.2), workloads=("synthetic",),
                       num_requests=10, max_prompt_tokens=512)
-    records = [asdict(RequestRecord(ttft_s=1.0 + i, e2e_s=3.0 + i, num_output_tokens=11, itls_s=[0.2] * 10, index=i))
+    records = [RequestRecord(ttft_s=1.0 + i, e2e_s=3.0 + i, num_output_tokens=11, itls_s=[0.2] * 10, index=i)
                for i in range(10)]
-    results = {"spec": {**asdict(spec), "slo": asdict(spec.slo)}, "workloads": {"synthetic": "x"},
-               "runs": [{"round": 0, "workload": "synthetic", "rate_rps": 0.5, "scenario": scenario, "records": records}
-                        for scenario in ("colocated", "dpd", "dpd-adaptive")]}
-    path = tmp_path / "results.json"
-    path.write_text(json.dumps(results))
+    path = _ladder_results(tmp_path, spec, records, ("colocated", "dpd", "dpd-adaptive"), 0.5)
     rows = check(path, EngineProfile())
     assert [r.scenario for r in rows] == ["colocated", "dpd", "dpd-adaptive"]
     assert all(r.measured_attainment == 1.0 and 0 <= r.predicted_attainment <= 1 for r in rows)
@@ -181,8 +187,6 @@ def test_the_simulator_is_checked_against_a_ladders_runs(tmp_path):
 
 def test_the_check_simulates_the_adaptive_settings_the_ladder_ran_with(tmp_path, monkeypatch):
     """A ladder run with a stall weight, a stall limit or a TTFT target is replayed with them."""
-    from dataclasses import asdict
-
     import dpd.sim.check as sim_check
     from dpd.bench.ladder import LadderSpec
     from dpd.bench.stats import RequestRecord
@@ -191,13 +195,8 @@ def test_the_check_simulates_the_adaptive_settings_the_ladder_ran_with(tmp_path,
     spec = LadderSpec(trace_dir="/nowhere", rates_rps=(0.5,), slo=BenchSlo(10, 0.2), workloads=("synthetic",),
                       num_requests=4, max_prompt_tokens=512, adaptive_stall_weight=0.25, adaptive_max_stall_s=0.04,
                       adaptive_ttft_target_s=3.0)
-    records = [asdict(RequestRecord(ttft_s=1.0, e2e_s=3.0, num_output_tokens=11, itls_s=[0.2] * 10, index=i))
-               for i in range(4)]
-    results = {"spec": {**asdict(spec), "slo": asdict(spec.slo)}, "workloads": {"synthetic": "x"},
-               "runs": [{"round": 0, "workload": "synthetic", "rate_rps": 0.5, "scenario": "dpd-adaptive",
-                         "records": records}]}
-    path = tmp_path / "results.json"
-    path.write_text(json.dumps(results))
+    records = [RequestRecord(ttft_s=1.0, e2e_s=3.0, num_output_tokens=11, itls_s=[0.2] * 10, index=i) for i in range(4)]
+    path = _ladder_results(tmp_path, spec, records, ("dpd-adaptive",), 0.5)
     built = []
     real = sim_check.SimEndpoint
 
@@ -227,8 +226,6 @@ def test_a_profile_under_load_is_slower_by_the_factor():
 def test_the_speed_under_load_is_fitted_to_a_ladder(tmp_path):
     """A ladder whose runs all missed the SLO where an idle-speed simulation meets it: a slower
     speed fits better, and the factors come back best first."""
-    from dataclasses import asdict
-
     from dpd.bench.ladder import LadderSpec
     from dpd.bench.stats import RequestRecord
     from dpd.bench.stats import Slo as BenchSlo
@@ -236,12 +233,8 @@ def test_the_speed_under_load_is_fitted_to_a_ladder(tmp_path):
 
     spec = LadderSpec(trace_dir="/nowhere", rates_rps=(2.0,), slo=BenchSlo(10, 0.2), workloads=("synthetic",),
                       num_requests=40, max_prompt_tokens=768)
-    records = [asdict(RequestRecord(ttft_s=20.0, e2e_s=30.0, num_output_tokens=11, itls_s=[1.0] * 10, index=i))
-               for i in range(40)]
-    results = {"spec": {**asdict(spec), "slo": asdict(spec.slo)}, "workloads": {"synthetic": "x"},
-               "runs": [{"round": 0, "workload": "synthetic", "rate_rps": 2.0, "scenario": "colocated", "records": records}]}
-    path = tmp_path / "results.json"
-    path.write_text(json.dumps(results))
+    records = [RequestRecord(ttft_s=20.0, e2e_s=30.0, num_output_tokens=11, itls_s=[1.0] * 10, index=i) for i in range(40)]
+    path = _ladder_results(tmp_path, spec, records, ("colocated",), 2.0)
     fits = fit_speed(path, EngineProfile(prefill_tokens_per_s=700, step_overhead_s=0.025, decode_s_per_stream=0.001))
     assert sorted(speed for speed, _ in fits) == sorted(SPEEDS)
     assert [error for _, error in fits] == sorted(error for _, error in fits)
