@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Re-measure every figure of BENCHMARKS.md in one background run (~4 h on the project's 2-core
+# Re-measure every figure of BENCHMARKS.md in one background run (~2¼ h on the project's 2-core
 # machine; each step's time is in README.md). Run it on a quiet machine: anything else on the
 # cores shows up as client lag (flagged in the ladder's report) and in every latency.
 #
@@ -36,8 +36,13 @@ step() {  # step NAME command...: run it, log it, note a failure
     fi
 }
 
-# 1. Colocated vs static vs adaptive on the same requests: two rounds, two request sets.
-step ladder "$DPD" bench ladder --rounds 2 --windows 2 --out "$OUT/ladder"
+# 1. Colocated vs static vs adaptive on the same requests, from ~45% to ~140% of colocated's
+#    capacity: two rounds (rates shuffled, order rotated) on two request sets, each workload at
+#    the prompt cap and threshold BENCHMARKS.md reports it with.
+step ladder-trace "$DPD" bench ladder --workloads trace --max-prompt-tokens 384 --threshold 256 \
+    --trace-rates 0.9,1.5,2.9 --rounds 2 --windows 2 --out "$OUT/ladder-trace"
+step ladder-synthetic "$DPD" bench ladder --workloads synthetic --synthetic-rates 1.25,2.5,3.75 \
+    --rounds 2 --windows 2 --out "$OUT/ladder-synthetic"
 # 2. Prefix-aware routing on agent sessions, four workers per endpoint.
 step prefix "$DPD" bench run --workload sessions --session-turns 8 --workers-per-pool 2 \
     --scenarios colocated,colocated-prefix,dpd-adaptive,dpd-prefix --rates 0.25 --compare-at 0 \
@@ -58,16 +63,26 @@ for _ in $(seq 600); do
     sleep 1
 done
 if curl -sf localhost:8000/health >/dev/null 2>&1; then
+    step profile "$DPD" profile --worker http://127.0.0.1:8101 --router http://127.0.0.1:8000 --out "$OUT/profile.json"
     step overhead "$DPD" bench overhead --rounds 100 --json "$OUT/overhead.json"
     step pd-tail "$DPD" bench pd-tail
 else
     echo "[remeasure] the endpoint did not become ready (see $OUT/serve.log)" >&2
-    failed+=(overhead pd-tail)
+    failed+=(profile overhead pd-tail)
 fi
 cleanup
 serve_pid=""
-# 6. The simulator's speed.
-step sim-speed "$DPD" plan --speed --profile bench-results/profile-cpu-2026-12-05.json --cluster-workers 1000 --cluster-hours 1
+# 6. The simulator against this run's ladders, with this run's profile (calibrated as in
+#    docs/planning.md), then its speed: an hour of a 1,000-worker cluster under the adaptive policy.
+profile=$OUT/profile.json
+[ -f "$profile" ] || profile=bench-results/profile-cpu-2026-12-06.json
+for workload in trace synthetic; do
+    if [ -f "$OUT/ladder-$workload/results.json" ]; then
+        step "sim-check-$workload" "$DPD" plan --check "$OUT/ladder-$workload/results.json" --profile "$profile" \
+            --speed-under-load 0.85
+    fi
+done
+step sim-speed "$DPD" plan --speed --profile "$profile" --cluster-workers 1000 --cluster-hours 1 --cluster-policy adaptive
 
 if [ ${#failed[@]} -gt 0 ]; then
     echo "[remeasure] done; failed: ${failed[*]}" >&2
