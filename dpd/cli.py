@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -87,8 +88,8 @@ def _number_list(kind: type, minimum: float):
             values = tuple(kind(v) for v in text.split(",") if v.strip())
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected comma-separated {kind.__name__}s, got {text!r}") from None
-        if any(v < minimum for v in values):
-            raise argparse.ArgumentTypeError(f"every value must be >= {minimum:g}, got {text!r}")
+        if any(not math.isfinite(v) or v < minimum for v in values):
+            raise argparse.ArgumentTypeError(f"every value must be a finite number >= {minimum:g}, got {text!r}")
         return values
 
     return parse
@@ -215,10 +216,19 @@ def _cmd_bench_run(args: argparse.Namespace) -> int:
     if not spec.rates_rps:
         print("dpd bench run: --rates needs at least one rate", file=sys.stderr)
         return 2
-    if args.bisect and len(spec.rates_rps) != 2:
-        print("dpd bench run: --bisect needs --rates LO,HI (the bracket to bisect)", file=sys.stderr)
+    problems = ["--bisect needs --rates LO,HI (the bracket to bisect)" for _ in [0] if args.bisect and len(spec.rates_rps) != 2]
+    problems += ["--session-turns must be >= 1" for _ in [0] if args.session_turns < 1]
+    problems += ["--burstiness must be > 0 (a gamma shape)" for _ in [0] if not args.burstiness > 0]
+    problems += ["--sweep-rate must be >= 0 (0: dpd's capacity)" for _ in [0] if not args.sweep_rate >= 0]
+    if problems:
+        for problem in problems:
+            print(f"dpd bench run: {problem}", file=sys.stderr)
         return 2
-    results = run(spec, Path(args.out))
+    try:
+        results = run(spec, Path(args.out))
+    except ValueError as exc:  # a workload it cannot build (an empty trace, a log too short): before any endpoint starts
+        print(f"dpd bench run: {exc}", file=sys.stderr)
+        return 2
     print((Path(args.out) / "report.md").read_text())
     from dpd.bench.plots import plot
 
@@ -247,6 +257,8 @@ def _cmd_bench_ladder(args: argparse.Namespace) -> int:
         problems.append("--adaptive-ttft-target must be > 0 seconds")
     if args.adaptive_stall_weight is not None and not 0 <= args.adaptive_stall_weight <= 100:
         problems.append("--adaptive-stall-weight must be within [0, 100] (router.adaptive.stallWeight)")
+    if not args.burstiness > 0:
+        problems.append("--burstiness must be > 0 (a gamma shape)")
     if problems:
         for problem in problems:
             print(f"dpd bench ladder: {problem}", file=sys.stderr)
@@ -261,7 +273,11 @@ def _cmd_bench_ladder(args: argparse.Namespace) -> int:
         max_output_tokens=args.max_output_tokens, seed=args.seed, burstiness=args.burstiness,
         workload_rates=tuple((w, r) for w, r in (("trace", args.trace_rates), ("synthetic", args.synthetic_rates)) if r),
     )
-    run(spec, Path(args.out))
+    try:
+        run(spec, Path(args.out))
+    except ValueError as exc:  # request sets it cannot build (a window past the trace's end): before any endpoint starts
+        print(f"dpd bench ladder: {exc}", file=sys.stderr)
+        return 2
     print((Path(args.out) / "report.md").read_text())
     return 0
 
@@ -299,7 +315,12 @@ def _cmd_bench_correctness(args: argparse.Namespace) -> int:
 def _cmd_bench_plot(args: argparse.Namespace) -> int:
     from dpd.bench.plots import plot
 
-    for path in plot(Path(args.dir)):
+    try:
+        paths = plot(Path(args.dir))
+    except (KeyError, TypeError, ValueError) as exc:  # not a `dpd bench run` results file (a ladder's has no plots)
+        print(f"dpd bench plot: {args.dir}/results.json is not a `dpd bench run` results file ({exc!r})", file=sys.stderr)
+        return 2
+    for path in paths:
         print(path)
     return 0
 
@@ -380,6 +401,23 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         return 0
     if args.speed:
         return _plan_speed(args)
+    from dpd.sim.plan import POLICIES as PLAN_POLICIES
+    from dpd.sim.plan import candidates
+
+    policies = tuple(p for p in args.policies.split(",") if p)
+    problems = [f"unknown policies {sorted(set(policies) - set(PLAN_POLICIES))}; allowed: {', '.join(PLAN_POLICIES)}"
+                for _ in [0] if set(policies) - set(PLAN_POLICIES) or not policies]
+    if not args.rate > 0:
+        problems.append("--rate must be > 0 req/s")
+    if args.requests < 1:
+        problems.append("--requests must be >= 1")
+    if not problems and next(iter(candidates(args.max_workers, policies, args.thresholds, args.min_workers)), None) is None:
+        problems.append(f"no candidate endpoint between --min-workers {args.min_workers} and --max-workers "
+                        f"{args.max_workers} for policies {', '.join(policies)} (a P/D policy needs two workers or more)")
+    if problems:
+        for problem in problems:
+            print(f"dpd plan: {problem}", file=sys.stderr)
+        return 2
     try:
         profile = Profile.load(args.profile)
         engine = under_load(profile.engine, args.speed_under_load)
@@ -393,7 +431,6 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         return 2
     requests_ = [(r.arrival_s, r.num_prompt_tokens, r.num_output_tokens) for r in at_rate(trace, args.rate)]
     slo = Slo(args.slo_ttft, args.slo_tpot)
-    policies = tuple(p for p in args.policies.split(",") if p)
     started = time.perf_counter()
 
     def progress(done: int, total: int) -> None:

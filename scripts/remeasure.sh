@@ -17,11 +17,17 @@ mkdir -p "$OUT"
 [ -x "$DPD" ] || make install
 failed=()
 serve_pid=""
-cleanup() {
-    if [ -n "$serve_pid" ] && kill -0 "$serve_pid" 2>/dev/null; then
-        kill -INT "$serve_pid"
-        wait "$serve_pid"
+step_pid=""
+stop() {  # stop PID: SIGTERM (dpd serve and dpd bench stop what they started, as on Ctrl-C), then wait
+    # (not SIGINT: a script's background jobs start with SIGINT ignored)
+    if [ -n "$1" ] && kill -0 "$1" 2>/dev/null; then
+        kill -TERM "$1"
+        wait "$1"
     fi
+}
+cleanup() {
+    stop "$step_pid"
+    stop "$serve_pid"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -30,10 +36,15 @@ step() {  # step NAME command...: run it, log it, note a failure
     local name=$1
     shift
     echo "[remeasure] $(date +%H:%M) $name: $*" >&2
-    if ! "$@" >"$OUT/$name.log" 2>&1; then
+    # In the background and waited for, so that a TERM or Ctrl-C reaches the script at once and
+    # its trap stops the step (bash runs a trap only after a foreground command has finished).
+    "$@" >"$OUT/$name.log" 2>&1 &
+    step_pid=$!
+    if ! wait "$step_pid"; then
         echo "[remeasure] $name FAILED (see $OUT/$name.log)" >&2
         failed+=("$name")
     fi
+    step_pid=""
 }
 
 # 1. Colocated vs static vs adaptive on the same requests, from ~45% to ~140% of colocated's
@@ -57,12 +68,15 @@ echo "[remeasure] $(date +%H:%M) starting the default endpoint for overhead and 
 export DPD_WORKER_API_KEY=${DPD_WORKER_API_KEY:-$(head -c 24 /dev/urandom | base64 | tr -d '/+=')}
 "$DPD" serve >"$OUT/serve.log" 2>&1 &
 serve_pid=$!
+ready() {  # our endpoint is up: the process we started is alive and answers (not another on the port)
+    kill -0 "$serve_pid" 2>/dev/null && curl -sf localhost:8000/health >/dev/null 2>&1
+}
 for _ in $(seq 600); do
-    curl -sf localhost:8000/health >/dev/null 2>&1 && break
+    ready && break
     kill -0 "$serve_pid" 2>/dev/null || break
     sleep 1
 done
-if curl -sf localhost:8000/health >/dev/null 2>&1; then
+if ready; then
     step profile "$DPD" profile --worker http://127.0.0.1:8101 --router http://127.0.0.1:8000 --out "$OUT/profile.json"
     step overhead "$DPD" bench overhead --rounds 100 --json "$OUT/overhead.json"
     step pd-tail "$DPD" bench pd-tail
@@ -70,7 +84,7 @@ else
     echo "[remeasure] the endpoint did not become ready (see $OUT/serve.log)" >&2
     failed+=(profile overhead pd-tail)
 fi
-cleanup
+stop "$serve_pid"
 serve_pid=""
 # 6. The simulator against this run's ladders, with this run's profile (calibrated as in
 #    docs/planning.md), then its speed: an hour of a 1,000-worker cluster under the adaptive policy.

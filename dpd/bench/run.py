@@ -257,6 +257,8 @@ def _run_scenario(name: str, url: str, spec: BenchSpec, base: list[TraceRequest]
 
 def run(spec: BenchSpec, out_dir: Path) -> dict:
     base = load_trace(spec.trace_dir) if spec.workload == "trace" else []
+    for rate in spec.rates_rps:  # a workload that cannot be built fails here (ValueError), before any endpoint starts
+        workload_at_rate(base, spec, rate)
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
     results: dict = {"spec": {**asdict(spec), "slo": asdict(spec.slo)}, "scenarios": {}, "sweep": []}

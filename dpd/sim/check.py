@@ -73,9 +73,12 @@ def _load(results_path: str | Path) -> _Ladder:
     """A ladder's results, its request sets rebuilt once (the trace is read from disk)."""
     results = json.loads(Path(results_path).read_text())
     spec = _spec(results)
-    sets = {w: request_set(spec, w)[0] for w in {r["workload"] for r in results["runs"]}}
+    # Each run's own request set: round r of a ladder with --windows ran window r mod windows.
+    sets = {key: request_set(spec, key[0], window=key[1])[0]
+            for key in {(r["workload"], r.get("window", 0)) for r in results["runs"]}}
     runs = [_Run(run["workload"], run["scenario"], run["rate_rps"],
-                 [(r.arrival_s, r.num_prompt_tokens, r.num_output_tokens) for r in at_rate(sets[run["workload"]], run["rate_rps"])],
+                 [(r.arrival_s, r.num_prompt_tokens, r.num_output_tokens)
+                  for r in at_rate(sets[(run["workload"], run.get("window", 0))], run["rate_rps"])],
                  [RequestRecord(**r) for r in run["records"]])
             for run in results["runs"] if run["scenario"] in POLICY]
     return _Ladder(spec, runs)

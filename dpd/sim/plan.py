@@ -58,6 +58,9 @@ class Row:
     cost_per_m_tokens: float | None
 
 
+POLICIES = ("colocated", "threshold", "adaptive")  # what `dpd plan --policies` searches over
+
+
 def candidates(max_workers: int, policies: tuple[str, ...], thresholds: tuple[int, ...],
                min_workers: int = 1) -> Iterator[Candidate]:
     for total in range(min_workers, max_workers + 1):
@@ -94,7 +97,7 @@ def summarize(candidate: Candidate, outcomes: list[Outcome], slo: Slo, price_per
 
 
 def search(requests: list[tuple[float, int, int]], profile: EngineProfile, slo: Slo, *, max_workers: int,
-           policies: tuple[str, ...] = ("colocated", "threshold", "adaptive"), thresholds: tuple[int, ...] = (512, 1024),
+           policies: tuple[str, ...] = POLICIES, thresholds: tuple[int, ...] = (512, 1024),
            min_workers: int = 1, price_per_worker_hour: float | None = None,
            progress: Callable[[int, int], None] | None = None, jobs: int = 1) -> list[Row]:
     """Every candidate simulated on the same requests; rows in the candidates' order. ``jobs`` > 1:

@@ -132,11 +132,23 @@ def test_plots_are_drawn_from_results_json(tmp_path):
     assert all(p.stat().st_size > 1000 for p in written)
 
 
+@pytest.mark.parametrize("content", ['{"spec": {}, "runs": []}', '{"spec": '])
+def test_plot_refuses_what_is_not_a_bench_run_results_file(tmp_path, capsys, content):
+    """A ladder's results (no plots there) or a truncated file: one line and exit 2, no traceback."""
+    from dpd.cli import main
+
+    (tmp_path / "results.json").write_text(content)
+    assert main(["bench", "plot", str(tmp_path)]) == 2
+    assert "is not a `dpd bench run` results file" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--rates", "abc"], "expected comma-separated floats"),
-    (["--rates", "0.1,-1"], "must be >= 0.001"),
+    (["--rates", "0.1,-1"], "must be a finite number >= 0.001"),
     (["--sweep-thresholds", "1,x"], "expected comma-separated ints"),
-    (["--sweep-thresholds", "-5"], "must be >= 0"),
+    (["--sweep-thresholds", "-5"], "must be a finite number >= 0"),
+    (["--rates", "nan"], "must be a finite number >= 0.001"),
+    (["--rates", "0.1,inf"], "must be a finite number >= 0.001"),
 ])
 def test_bench_run_rejects_bad_numbers_with_a_usage_error(argv, message, capsys):
     from dpd.cli import main
@@ -150,11 +162,22 @@ def test_bench_run_rejects_bad_numbers_with_a_usage_error(argv, message, capsys)
     (["--rates", ""], "needs at least one rate"),
     (["--bisect", "2", "--rates", "0.1"], "needs --rates LO,HI"),
     (["--scenarios", "colocated,nope"], "unknown scenario"),
+    (["--workload", "sessions", "--session-turns", "0"], "--session-turns must be >= 1"),
+    (["--workload", "synthetic", "--burstiness", "0"], "--burstiness must be > 0"),
+    (["--sweep-rate", "-1"], "--sweep-rate must be >= 0"),
+    (["--workload", "trace", "--trace", "EMPTY"], "a run needs at least 2"),
 ])
-def test_bench_run_rejects_bad_combinations_before_starting_anything(argv, message, capsys):
+def test_bench_run_rejects_bad_combinations_before_starting_anything(argv, message, capsys, tmp_path, monkeypatch):
+    import dpd.bench.run as bench_run
     from dpd.cli import main
 
-    assert main(["bench", "run", *argv]) == 2
+    def no_endpoint(*args, **kwargs):
+        raise AssertionError("an endpoint was started")
+
+    monkeypatch.setattr(bench_run, "endpoint", no_endpoint)
+    (tmp_path / "empty.jsonl").write_text("")
+    argv = [str(tmp_path / "empty.jsonl") if a == "EMPTY" else a for a in argv]
+    assert main(["bench", "run", "--out", str(tmp_path / "out"), *argv]) == 2
     assert message in capsys.readouterr().err
 
 

@@ -154,13 +154,32 @@ def test_dpd_plan_end_to_end(tmp_path):
         assert bad.returncode == 2 and "dpd plan" in bad.stderr and "Traceback" not in bad.stderr, args
 
 
-def _ladder_results(tmp_path, spec, records, scenarios, rate):
+@pytest.mark.parametrize("argv, says", [
+    (["--rate", "0"], "--rate must be > 0"),
+    (["--rate", "-1"], "--rate must be > 0"),
+    (["--policies", "threshhold"], "unknown policies ['threshhold']"),
+    (["--policies", "threshold", "--max-workers", "1"], "no candidate endpoint"),
+    (["--min-workers", "3", "--max-workers", "2"], "no candidate endpoint"),
+    (["--requests", "0"], "--requests must be >= 1"),
+])
+def test_dpd_plan_refuses_what_it_cannot_search(tmp_path, capsys, argv, says):
+    """A zero rate, a misspelt policy or an empty search space: one line and exit 2, never a traceback."""
+    from dpd.cli import main
+
+    profile = tmp_path / "profile.json"
+    profile.write_text(Profile(EngineProfile(), "measured", "test cpu").to_json())
+    assert main(["plan", "--profile", str(profile), "--trace", "synthetic", "--out", str(tmp_path / "o.yaml"), *argv]) == 2
+    assert says in capsys.readouterr().err
+    assert not (tmp_path / "o.yaml").exists()
+
+
+def _ladder_results(tmp_path, spec, records, scenarios, rate, window=0):
     """A ``dpd bench ladder`` results.json of one round: ``records`` (RequestRecords) for each scenario."""
     from dataclasses import asdict
 
     results = {"spec": {**asdict(spec), "slo": asdict(spec.slo)}, "workloads": {"synthetic": "x"},
-               "runs": [{"round": 0, "workload": "synthetic", "rate_rps": rate, "scenario": scenario,
-                         "records": [asdict(r) for r in records]} for scenario in scenarios]}
+               "runs": [{"round": window, "window": window, "workload": "synthetic", "rate_rps": rate,
+                         "scenario": scenario, "records": [asdict(r) for r in records]} for scenario in scenarios]}
     path = tmp_path / "results.json"
     path.write_text(json.dumps(results))
     return path
@@ -209,6 +228,32 @@ def test_the_check_simulates_the_adaptive_settings_the_ladder_ran_with(tmp_path,
     assert built[0]["stall_weight"] == 0.25 and built[0]["max_stall_s"] == 0.04
     assert built[0]["slo"].ttft_s == 3.0 and built[0]["slo"].tpot_s == 0.2
     assert row.measured_attainment == 1.0  # judged against the ladder's SLO (10 s), not the planning target
+
+
+def test_the_check_replays_each_run_on_its_own_request_set(tmp_path, monkeypatch):
+    """A ladder with --windows ran round r on request set r mod windows: the check replays that set."""
+    import dpd.sim.check as sim_check
+    from dpd.bench.ladder import LadderSpec, at_rate, request_set
+    from dpd.bench.stats import RequestRecord
+    from dpd.bench.stats import Slo as BenchSlo
+
+    spec = LadderSpec(trace_dir="/nowhere", rates_rps=(0.5,), slo=BenchSlo(10, 0.2), workloads=("synthetic",),
+                      num_requests=6, max_prompt_tokens=512, rounds=2, windows=2)
+    records = [RequestRecord(ttft_s=1.0, e2e_s=3.0, num_output_tokens=11, itls_s=[0.2] * 10, index=i) for i in range(6)]
+    path = _ladder_results(tmp_path, spec, records, ("colocated",), 0.5, window=1)
+    replayed = []
+    real = sim_check.SimEndpoint.replay
+
+    def recording(self, requests):
+        replayed.append(list(requests))
+        return real(self, requests)
+
+    monkeypatch.setattr(sim_check.SimEndpoint, "replay", recording)
+    sim_check.check(path, EngineProfile())
+    sets = [[(r.arrival_s, r.num_prompt_tokens, r.num_output_tokens)
+             for r in at_rate(request_set(spec, "synthetic", window=k)[0], 0.5)] for k in (0, 1)]
+    assert sets[0] != sets[1]
+    assert replayed == [sets[1]]
 
 
 def test_a_profile_under_load_is_slower_by_the_factor():
