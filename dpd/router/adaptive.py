@@ -233,7 +233,8 @@ class AdaptiveDecider:
         ttft = load.prefill_s(n - cached)
         prefill_s = (n - cached) / load.prefill_tokens_per_s
         exposure = self._future_stall_s(w, m)
-        decision = Decision(Path.DIRECT, Reason.SHORT_PROMPT, decode=w, predicted_ttft_s=ttft, cached_tokens=cached or None)
+        decision = Decision(Path.DIRECT, Reason.SHORT_PROMPT, decode=w, predicted_ttft_s=ttft, cached_tokens=cached or None,
+                            computed_tokens=n - cached)
         return self._scored(decision, ttft, exposure, w, m, prefill_s, w)
 
     def _split(self, p: Worker, d: Worker, n: int, m: int) -> Scored:
@@ -243,7 +244,8 @@ class AdaptiveDecider:
         # own prefill and KV pull.
         queued_after_s = max(0.0, d.load.queued_prefill_tokens / d.load.prefill_tokens_per_s - ttft)
         exposure = self._future_stall_s(d, m) + queued_after_s
-        decision = Decision(Path.DISAGGREGATED, Reason.DECODER_BUSY, prefill=p, decode=d, predicted_ttft_s=ttft)
+        decision = Decision(Path.DISAGGREGATED, Reason.DECODER_BUSY, prefill=p, decode=d, predicted_ttft_s=ttft,
+                            computed_tokens=n)  # n: what p does not hold
         return self._scored(decision, ttft, exposure, d, m, prefill_s, p, decode_wait_s=queued_after_s)
 
     def _scored(self, decision: Decision, ttft: float, exposure: float, d: Worker, m: int, prefill_s: float,
@@ -330,7 +332,7 @@ def recommended_threshold(endpoint: EndpointLoad, decoders: Sequence[Worker], *,
     (``overhead = stallWeight × streams × n / rate``). With no streams to protect, no prompt is
     worth splitting (``max_model_len``)."""
     streams = endpoint.streams_per_decoder.value
-    if not decoders or streams < 0.05:
+    if not decoders or streams < 0.05 or stall_weight <= 0:  # weight 0: stalls cost nothing, so never split
         return max_model_len
     rate = sum(w.load.prefill_tokens_per_s for w in decoders) / len(decoders)
     n = endpoint.split_overhead.value * rate / (stall_weight * streams)

@@ -50,6 +50,15 @@ class Decision:
     decode: Worker | None = None
     predicted_ttft_s: float | None = None
     cached_tokens: int | None = None  # of the prompt on ``decode``, as the prefix index believes (prefix-aware routing)
+    # The tokens the planned prefilling worker computes (the rest is in its prefix cache): what
+    # its queue and its measured rate count, so a prompt served from cache is no absurdly fast sample.
+    computed_tokens: int | None = None
+
+    def prefill_tokens(self, worker: Worker, num_prompt_tokens: int) -> int:
+        """The tokens ``worker`` computes to prefill this request: the plan's count on the worker
+        it planned for the prefill, else the whole prompt (no cache known there)."""
+        planned = self.prefill if self.path is Path.DISAGGREGATED else self.decode
+        return self.computed_tokens if self.computed_tokens is not None and worker is planned else num_prompt_tokens
 
     @property
     def workers_label(self) -> str:
@@ -58,10 +67,15 @@ class Decision:
         return ">".join(names)
 
 
+MAX_THRESHOLD_TOKENS = 10**9  # far past any context length ("never split"), and a float a gauge can hold
+
+
 def checked_threshold(threshold_tokens: object) -> int:
-    """A threshold (or floor) in tokens, validated: an integer >= 0 (a bool is not one)."""
-    if isinstance(threshold_tokens, bool) or not isinstance(threshold_tokens, int) or threshold_tokens < 0:
-        raise ValueError(f"threshold must be an integer >= 0, got {threshold_tokens!r}")
+    """A threshold (or floor) in tokens, validated: an integer within [0, 10⁹] (a bool is not one)."""
+    if (isinstance(threshold_tokens, bool) or not isinstance(threshold_tokens, int)
+            or not 0 <= threshold_tokens <= MAX_THRESHOLD_TOKENS):
+        shown = repr(threshold_tokens) if len(repr(threshold_tokens)) <= 40 else repr(threshold_tokens)[:40] + "…"
+        raise ValueError(f"threshold must be an integer from 0 to {MAX_THRESHOLD_TOKENS}, got {shown}")
     return threshold_tokens
 
 

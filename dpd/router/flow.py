@@ -295,6 +295,9 @@ class PdFlow:
                         release()  # the prefill slot covers the hop only (release is idempotent)
                     if kv_params is None:
                         return None, reason
+                    # The prefill hop succeeded; a decode hop that raises (the client left, the
+                    # decoder refused) says nothing of the prefill pool: neutral, not a success.
+                    reason = HopOutcome.CANCELLED
                     try:
                         stream, reason = await self._disaggregated_decode(ctx, kv_params, worker.name)
                     except ApiError as error:
@@ -329,7 +332,7 @@ class PdFlow:
         return self._prefill if worker.pool == self._prefill.name else self._decode
 
     async def _prefill_hop(self, ctx: RequestContext, worker: Worker) -> tuple[dict[str, Any] | None, HopOutcome]:
-        ticket = worker.load.begin_prefill(ctx.num_prompt_tokens)
+        ticket = worker.load.begin_prefill(ctx.decision.prefill_tokens(worker, ctx.num_prompt_tokens))
         kv_params: dict[str, Any] | None = None
         try:
             kv_params, reason = await self._prefill_hop_once(ctx, worker)
@@ -498,7 +501,8 @@ class PdFlow:
         stream: UpstreamStream | None = None
         is_whole = "kv_transfer_params" not in body  # the worker prefills too
         expected_tokens = ctx.max_output_tokens or (round(self._endpoint_load.output_tokens.value) if self._endpoint_load else 16)
-        ticket = worker.load.begin_prefill(ctx.num_prompt_tokens, expected_tokens) if is_whole else None
+        ticket = (worker.load.begin_prefill(ctx.decision.prefill_tokens(worker, ctx.num_prompt_tokens), expected_tokens)
+                  if is_whole else None)
         hop = ctx.trace.start("whole_hop" if is_whole else "decode_hop", client=True, **{"dpd.worker": worker.name})
         try:
             async with asyncio.timeout(first_token_timeout_s):

@@ -37,7 +37,8 @@ SYNC_INTERVAL_S = 2.0
 
 def events_endpoint(worker_url: str, port_offset: int) -> str:
     parts = urlsplit(worker_url)
-    return f"tcp://{parts.hostname}:{(parts.port or 80) + port_offset}"
+    host = f"[{parts.hostname}]" if parts.hostname and ":" in parts.hostname else parts.hostname  # IPv6
+    return f"tcp://{host}:{(parts.port or 80) + port_offset}"
 
 
 def apply_batch(index: PrefixIndex, url: str, payload: bytes) -> int:
@@ -79,10 +80,21 @@ class KvEvents:
         self._task: asyncio.Task | None = None
 
     def sync(self) -> None:
+        """Follow the pools: a worker that left loses its subscriber and its blocks in the index (a
+        pod that comes back on the same address starts empty); a subscriber that died is logged and
+        started again."""
         workers = {w.url: w for pool in self._pools for w in pool.workers}
-        for url in list(self._subscribers):
-            if url not in workers:
-                self._subscribers.pop(url).cancel()
+        gone = [url for url in self._subscribers if url not in workers]
+        for url in gone:
+            self._subscribers.pop(url).cancel()
+        index = self._index_of()
+        if gone and index is not None:
+            index.forget(set(workers))
+        for url, task in list(self._subscribers.items()):
+            if task.done():
+                error = None if task.cancelled() else task.exception()
+                log.warning("%s: KV events subscriber ended (%r); subscribing again", url, error)
+                del self._subscribers[url]
         for url, worker in workers.items():
             if url not in self._subscribers:
                 self._subscribers[url] = asyncio.create_task(self._subscribe(worker), name=f"kv-events {worker.name}")
@@ -91,6 +103,7 @@ class KvEvents:
         socket = self._context.socket(zmq.SUB)
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt_string(zmq.SUBSCRIBE, TOPIC)
+        socket.setsockopt(zmq.IPV6, 1)  # off by default in ZeroMQ: an IPv6 pod address would never connect
         endpoint = self._endpoints.get(worker.url) or events_endpoint(worker.url, self._port_offset)
         socket.connect(endpoint)
         last_seq = -1

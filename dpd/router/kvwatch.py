@@ -85,8 +85,11 @@ class KvWatch:
             return {}
         grown: dict[str, float] = {}
         for kind, value in values.items():
-            delta = value - last.get(kind, 0.0)
-            if delta <= 0:  # a drop is a restarted worker: the new value is the baseline
+            before = last.get(kind, 0.0)
+            # A drop is a restarted worker: its counters began again at 0, so all of the new value
+            # happened since (Prometheus' rule for a counter reset).
+            delta = value if value < before else value - before
+            if delta <= 0:
                 continue
             grown[kind] = delta
             if kind in WHAT:

@@ -286,6 +286,7 @@ class WorkerLoad:
         self.prefills: list[PrefillTicket] = []
         self._last_prefill_end = -math.inf
         self._batch_tokens, self._batch_s = 0, 0.0  # the last sample's batch (prefills ending in one step)
+        self._shared_mark = -1  # the shared window's sample count just after this worker's last sample
         self._busy_s = 0.0  # decayed sum of service times
         self._busy_at = clock()
         self._recent: deque[tuple[float, float]] = deque(maxlen=256)  # (end, service s) of recent prefills
@@ -318,7 +319,8 @@ class WorkerLoad:
             self._add_busy(gap_s, now)
             self._batch_s += gap_s
             self.prefill_rate.replace_last(self._batch_tokens, self._batch_s)
-            self.shared.prefill_rate.replace_last(self._batch_tokens, self._batch_s)
+            if self.shared.prefill_rate.num_samples == self._shared_mark:  # its last sample is still ours
+                self.shared.prefill_rate.replace_last(self._batch_tokens, self._batch_s)
             return
         started = max(ticket.sent_at, self._last_prefill_end)
         self._last_prefill_end = now
@@ -329,6 +331,7 @@ class WorkerLoad:
             self._batch_tokens = ticket.num_tokens
             self.prefill_rate.add(ticket.num_tokens, service_s)
             self.shared.prefill_rate.add(ticket.num_tokens, service_s)
+            self._shared_mark = self.shared.prefill_rate.num_samples
 
     @property
     def num_prefills(self) -> int:

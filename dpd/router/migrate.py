@@ -27,6 +27,7 @@ import json
 import logging
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 from dpd.config.model import RetrySpec
@@ -42,6 +43,7 @@ COMPLETIONS = "/v1/completions"
 CARRIED = (
     "temperature", "top_p", "top_k", "min_p", "stop", "stop_token_ids", "presence_penalty", "frequency_penalty",
     "repetition_penalty", "logit_bias", "seed", "user", "ignore_eos", "skip_special_tokens", "include_stop_str_in_output",
+    "cache_salt",  # a tenant's (set by the router): the continuation stays in its own prefix cache
 )
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # what /v1/completions generates when max_tokens is unset (OpenAI's and vLLM's default)
 
@@ -61,7 +63,8 @@ class StreamFailed(Exception):
 
 def why_not_migratable(body: dict[str, Any]) -> str | None:
     """Why a request cannot continue on another worker, or None if it can."""
-    if body.get("logprobs") or body.get("top_logprobs"):
+    logprobs = body.get("logprobs")  # completions: an int, 0 included (the sampled token's); chat: a bool
+    if (logprobs is not None and logprobs is not False) or body.get("top_logprobs"):
         return "logprobs"
     if body.get("echo"):
         return "echo"
@@ -168,6 +171,8 @@ class ContinuedStream:
                 what, detail = StreamBreak.IDLE, exc.__class__.__name__
             except WORKER_ERRORS as exc:
                 what, detail = StreamBreak.BROKEN, exc.__class__.__name__
+            if self._is_finished:  # broke after its finish (before usage or [DONE]): the answer is whole
+                return
             await self._migrate(what, detail)
 
     def close(self) -> None:
@@ -268,15 +273,17 @@ class ContinuedStream:
                     self._ctx.request_id, failed.worker.name, num_generated, what.value, detail)
         body = continuation_body(self._ctx.body, self._ctx.endpoint, self._prompt_ids, self._generated_ids,
                                  self._max_model_len)
-        ctx = RequestContext(self._ctx.request_id, COMPLETIONS, body, self._ctx.decision, len(body["prompt"]),
+        # The plan's prefill count was for the original prompt: the continuation's is counted whole.
+        decision = replace(self._ctx.decision, computed_tokens=None)
+        ctx = RequestContext(self._ctx.request_id, COMPLETIONS, body, decision, len(body["prompt"]),
                              tenant=self._ctx.tenant, max_output_tokens=body["max_tokens"], started_at=self._ctx.started_at,
                              trace=self._ctx.trace)
         release, failed.on_close = failed.on_close, None  # the admission slot moves with the request
         failed.close()
         attempt = len(self.migrations)
-        if attempt:
-            await asyncio.sleep(random.uniform(0, min(self._retry.backoffMaxS, self._retry.backoffBaseS * 2 ** attempt)))
-        try:
+        try:  # from here on the slot is ours to give back, a cancellation in the backoff included
+            if attempt:
+                await asyncio.sleep(random.uniform(0, min(self._retry.backoffMaxS, self._retry.backoffBaseS * 2 ** attempt)))
             stream = await self._reopen(ctx, body, frozenset(self._failed))
         except ApiError as error:
             if release is not None:

@@ -12,6 +12,7 @@ which keeps the P/D hops (one prefill, one decode) and the stream relay simple.
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
@@ -157,11 +158,15 @@ def parse_detokenize(raw: bytes) -> DetokenizeRequest:
     return _validate(_load_object(raw), DetokenizeRequest)
 
 
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
 def _load_object(raw: bytes) -> dict[str, Any]:
     if len(raw) > MAX_BODY_BYTES:
         raise ApiError(413, f"Request body is larger than {MAX_BODY_BYTES} bytes.", code="body_too_large")
     try:
-        body = json.loads(raw)
+        text = raw.decode("utf-8")  # strict: json.loads(bytes) would let UTF-8-encoded surrogates through
+        body = json.loads(text)
     except UnicodeDecodeError:
         raise bad_request("Request body is not valid UTF-8.", code="invalid_encoding") from None
     except json.JSONDecodeError as exc:
@@ -170,6 +175,12 @@ def _load_object(raw: bytes) -> dict[str, Any]:
         raise bad_request(f"Request body is not acceptable JSON: {exc.__class__.__name__}.", code="invalid_json") from None
     if not isinstance(body, dict):
         raise bad_request("Request body must be a JSON object.", code="invalid_json")
+    if _SURROGATE_ESCAPE.search(text):  # "\ud83d\ude00" is a valid pair; a lone "\ud800" is no text
+        try:
+            json.dumps(body, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise bad_request("Request body holds an unpaired UTF-16 surrogate escape (\\uD800–\\uDFFF).",
+                              code="invalid_encoding") from None
     return body
 
 

@@ -12,8 +12,8 @@ policy ``predicted_ttft_s`` (the TTFT its cost model predicted for the plan it c
 the model against ``ttft_s``). Requests refused
 before their prompt was counted (bad input, authentication) are not logged.
 
-The file is created owner-only (it names tenants) and rotated once past ``maxMegabytes``
-(``LOG`` → ``LOG.1``). Writes are small appends from the event loop; a write that fails
+The file is owner-only (it names tenants) and rotated once past ``maxMegabytes`` (``LOG`` →
+``LOG.1``; where it cannot be renamed, started again empty: it never grows without bound). Writes are small appends from the event loop; a write that fails
 (disk full) is logged once and the request is unaffected.
 """
 
@@ -38,16 +38,30 @@ class RequestLog:
     def _open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.fchmod(fd, 0o600)  # a file that existed keeps its mode otherwise, and lines name tenants
+        except OSError:
+            pass  # not ours to change: written as it is
         self._file = os.fdopen(fd, "a", encoding="utf-8", buffering=1)  # line-buffered: a crash loses no line
+
+    def _rotate(self) -> None:
+        """``LOG`` → ``LOG.1``; where it cannot be renamed (a read-only directory, a file mounted
+        on its own), it starts again empty rather than grow past ``maxMegabytes``."""
+        self._file.close()
+        self._file = None
+        try:
+            os.replace(self.path, self.path.with_name(self.path.name + ".1"))
+        except OSError as exc:
+            log.warning("request log %s: cannot rotate it (%s); starting it again empty", self.path, exc)
+            os.truncate(self.path, 0)
+        self._open()
 
     def write(self, entry: dict[str, Any]) -> None:
         try:
             if self._file is None:
                 self._open()
             elif self._file.tell() >= self.max_bytes:
-                self._file.close()
-                os.replace(self.path, self.path.with_name(self.path.name + ".1"))
-                self._open()
+                self._rotate()
             self._file.write(json.dumps(entry, separators=(",", ":"), ensure_ascii=False) + "\n")
             self._failed = False
         except OSError as exc:

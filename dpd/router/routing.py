@@ -87,7 +87,8 @@ class RoutingPolicy:
             hit = self._prefix_hit(num_prompt_tokens, prefill, decode, tenant, prefix_hashes)
             if hit is not None and (self.is_colocated or num_prompt_tokens - hit.cached_tokens < self.threshold_tokens):
                 # Its uncached part is short: computed where the rest is cached, whatever the whole's length.
-                return Decision(Path.DIRECT, Reason.PREFIX_HIT, decode=hit.worker, cached_tokens=hit.cached_tokens)
+                return Decision(Path.DIRECT, Reason.PREFIX_HIT, decode=hit.worker, cached_tokens=hit.cached_tokens,
+                                computed_tokens=num_prompt_tokens - hit.cached_tokens)
         if self._policy == "threshold":
             decision = self.threshold.decide(num_prompt_tokens, has_prefill_capacity=prefill.is_available(tenant))
             if hit is not None and hit.worker.pool == decode.name:  # the flow takes the decoder holding part of it

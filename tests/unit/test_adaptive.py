@@ -331,6 +331,22 @@ def test_an_unmeasured_worker_is_predicted_at_its_peers_rate():
     assert fresh.prefill_tokens_per_s == pytest.approx(250.0)
 
 
+def test_a_batch_on_one_worker_never_overwrites_another_workers_shared_sample():
+    """Worker A's sample, then B's; A's next prefill ends in A's step: A's own sample grows, and
+    B's sample in the shared window stays B's."""
+    clock = FakeClock()
+    a = WorkerLoad(LoadPriors(prefill_tokens_per_s=500.0), clock)
+    b = WorkerLoad(LoadPriors(prefill_tokens_per_s=500.0), clock, shared=a.shared)
+    a1, a2 = a.begin_prefill(1000), a.begin_prefill(1000)
+    b1 = b.begin_prefill(300)
+    clock.now += 2.0
+    a.end_prefill(a1, is_ok=True)  # A: 1000 tokens in 2 s
+    b.end_prefill(b1, is_ok=True)  # B: 300 tokens in 2 s
+    a.end_prefill(a2, is_ok=True)  # in A's step: A's sample becomes 2000 tokens
+    assert list(a.shared.prefill_rate._samples) == [(1000, 2.0), (300, 2.0)]
+    assert list(a.prefill_rate._samples)[-1][0] == 2000
+
+
 def test_prefills_ending_in_one_step_make_one_sample():
     """vLLM batches several prefills into one engine step: they end together, and the second
     one's service time is ~0. One sample for the batch, not an absurd rate."""
@@ -363,6 +379,14 @@ def test_recommended_threshold(streams, expected):
     endpoint = EndpointLoad(LoadPriors(split_overhead_s=0.3))
     endpoint.streams_per_decoder.value = streams
     assert recommended_threshold(endpoint, [worker("decode-0")], stall_weight=1.0, max_model_len=8192) == expected
+
+
+def test_a_stall_weight_of_zero_never_recommends_a_split():
+    """stallWeight 0 is allowed (only misses protect streams): the recommendation is "never", not
+    a division by zero on every /metrics scrape and admin call."""
+    endpoint = EndpointLoad(LoadPriors(split_overhead_s=0.3))
+    endpoint.streams_per_decoder.value = 2.0
+    assert recommended_threshold(endpoint, [worker("decode-0")], stall_weight=0.0, max_model_len=8192) == 8192
 
 
 def test_a_large_pool_is_shortlisted_to_the_least_loaded_workers():

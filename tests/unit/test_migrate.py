@@ -34,6 +34,11 @@ def test_completions_continuation_carries_sampling_and_reduces_max_tokens():
     assert out["stream"] is True and out["return_token_ids"] is True and out["stream_options"] == {"include_usage": True}
 
 
+def test_a_tenants_cache_salt_goes_with_the_continuation():
+    body = {"model": "m", "prompt": "hi", "max_tokens": 4, "cache_salt": "tenant-a-salt"}
+    assert continuation_body(body, "/v1/completions", PROMPT_IDS, [101], max_model_len=100)["cache_salt"] == "tenant-a-salt"
+
+
 def test_completions_without_max_tokens_continue_to_the_default_16():
     out = continuation_body({"model": "m", "prompt": "hi"}, "/v1/completions", PROMPT_IDS, [1] * 5, max_model_len=100)
     assert out["max_tokens"] == 11
@@ -61,7 +66,8 @@ def test_usage_counts_the_prompt_once_and_every_generated_token():
 
 @pytest.mark.parametrize("body, why", [
     ({"logprobs": 2}, "logprobs"), ({"logprobs": True, "top_logprobs": 1}, "logprobs"), ({"echo": True}, "echo"),
-    ({"logprobs": 0}, None), ({"temperature": 1.0, "seed": 3}, None),
+    ({"logprobs": 0}, "logprobs"),  # completions: 0 still returns the sampled token's logprob
+    ({"logprobs": False}, None), ({"logprobs": None}, None), ({"temperature": 1.0, "seed": 3}, None),
 ])
 def test_what_cannot_be_continued(body, why):
     assert why_not_migratable(body) == why
@@ -76,9 +82,10 @@ class TokenWorker:
     """Greedy-deterministic worker: the answer to a prompt of ids is the next ids of ANSWER, one per
     chunk, with vLLM's ``return_token_ids`` fields. ``break_after`` tokens then it fails (``how``)."""
 
-    def __init__(self, *, break_after: int | None = None, how: str = "reset"):
+    def __init__(self, *, break_after: int | None = None, how: str = "reset", drop_after_finish: bool = False):
         self.break_after = break_after
         self.how = how
+        self.drop_after_finish = drop_after_finish  # the connection drops after the finish chunk, before usage
         self.bodies: list[dict[str, Any]] = []
         app = web.Application()
         app.router.add_get("/health", self.health)
@@ -135,6 +142,10 @@ class TokenWorker:
                 if i == 0 and not is_chat:
                     choice["prompt_token_ids"] = prompt
             await send({**head, "choices": [choice]})
+        if self.drop_after_finish:
+            await asyncio.sleep(0.1)
+            request.transport.close()  # type: ignore[union-attr]
+            return resp
         await send({**head, "choices": [], "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(ids),
                                                      "total_tokens": len(prompt) + len(ids)}})
         await resp.write(b"data: [DONE]\n\n")
@@ -253,3 +264,34 @@ async def test_every_worker_failing_ends_with_an_error_after_the_limit(make_rout
     evts = events(resp.text)
     assert resp.text.count("data: [DONE]") == 1 and "error" in evts[-1]
     assert sum(len(w.bodies) for w in workers) == 3  # the first and two migrations (maxMigrations 2)
+
+
+async def test_a_stream_that_breaks_after_its_finish_is_not_continued(make_router):
+    """The finish chunk arrived, then the connection dropped before usage: the answer is whole, and
+    no token may follow the finish."""
+    broken, other = TokenWorker(drop_after_finish=True), TokenWorker()
+    client = await make_router(None, [broken, other])
+    client.router.decode.workers[1].num_in_flight += 1
+    resp = await client.post("/v1/completions", json=STREAM)
+    client.router.decode.workers[1].num_in_flight -= 1
+    evts = events(resp.text)
+    assert completion_text(evts) == EXPECTED and other.bodies == []
+    assert sum(1 for e in evts for c in e.get("choices") or () if c.get("finish_reason")) == 1
+
+
+async def test_a_client_gone_during_a_moves_backoff_gives_its_admission_slot_back(make_router, monkeypatch):
+    """The second move waits a backoff first; a client leaving then must not keep the decode slot
+    (the fixture checks every gate is empty afterwards)."""
+    import dpd.router.migrate as migrate
+
+    monkeypatch.setattr(migrate.random, "uniform", lambda low, high: high)  # the longest backoff: 5 s
+    workers = [TokenWorker(break_after=1) for _ in range(3)]
+    client = await make_router(None, workers, admission={"decode": {"maxInFlight": 1, "maxQueue": 0}},
+                               retry={"backoffBaseS": 5.0, "backoffMaxS": 5.0})
+    task = asyncio.create_task(client.post("/v1/completions", json=STREAM))
+    await asyncio.sleep(1.0)  # two breaks (~0.1 s each): now in the second move's backoff
+    assert sum(len(w.bodies) for w in workers) == 2
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert client.router.gates["decode"].num_in_flight == 0

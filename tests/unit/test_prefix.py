@@ -98,6 +98,9 @@ def test_uncached_tokens_decide(kind, colocated, prompt_tokens, cached, expected
     assert (decision.path, decision.reason, decision.decode.name if decision.decode else None) == expected
     if expected[1] is Reason.PREFIX_HIT:
         assert decision.cached_tokens == cached
+        # the worker's queue and measured rate count only what it computes; another worker, all of it
+        assert decision.prefill_tokens(decode.workers[1], prompt_tokens) == prompt_tokens - cached
+        assert decision.prefill_tokens(decode.workers[0], prompt_tokens) == prompt_tokens
 
 
 def _vllm_batch(events: list, ts: float = 1.0) -> bytes:
@@ -173,6 +176,48 @@ async def test_the_router_subscribes_to_each_workers_events():
         await events.stop()
         pub.close(linger=0)
         context.term()
+
+
+def test_the_events_endpoint_of_an_ipv6_worker_is_bracketed():
+    from dpd.router.kvevents import events_endpoint
+
+    assert events_endpoint("http://[fd00::1]:8000", 1000) == "tcp://[fd00::1]:9000"
+    assert events_endpoint("http://10.0.0.7:8000", 1000) == "tcp://10.0.0.7:9000"
+
+
+async def test_a_worker_that_leaves_the_pool_leaves_the_index_and_a_dead_subscriber_restarts(monkeypatch):
+    """Without a /metrics scrape too: a pod gone (and back on the same address, a restarted
+    engine) holds nothing in the index; a subscriber that died is started again."""
+    import asyncio
+
+    from dpd.router.kvevents import KvEvents
+    from dpd.router.pools import Pool
+
+    index = PrefixIndex(block_size=4, max_blocks=100, load_weight_tokens=0)
+    worker = Worker("decode-0", "http://127.0.0.1:1", "decode")
+    pool = Pool("decode", [worker])
+    events = KvEvents(lambda: index, [pool], port_offset=1000)
+    started = []
+
+    async def dies(w):
+        started.append(w.url)
+        raise TypeError("an unexpected block hash")
+
+    monkeypatch.setattr(events, "_subscribe", dies)
+    try:
+        hashes = index.hashes(list(range(8)))
+        index.stored(worker.url, hashes)
+        assert index.cached_tokens(worker, hashes) == 8
+        events.sync()
+        await asyncio.sleep(0)
+        events.sync()  # the first subscriber died: a second one
+        await asyncio.sleep(0)
+        assert started == [worker.url, worker.url]
+        pool.workers = []
+        events.sync()
+        assert index.cached_tokens(worker, hashes) == 0 and index.num_blocks(worker) == 0
+    finally:
+        await events.stop()
 
 
 async def test_events_from_vllms_own_publisher_reach_the_index(tmp_path):

@@ -177,6 +177,9 @@ def test_bad_chat_bodies(body, param):
     "raw, code",
     [
         (b"\xff\xfe\xfd", "invalid_encoding"),
+        (b'{"model": "\xed\xa0\x80", "prompt": "x"}', "invalid_encoding"),  # a surrogate, UTF-8-encoded
+        (b'{"model": "m", "prompt": "\\ud800"}', "invalid_encoding"),  # a lone surrogate escape
+        (b'{"model": "m", "prompt": "x\\udfff"}', "invalid_encoding"),
         (b"{", "invalid_json"),
         (b"[]", "invalid_json"),
     ],
@@ -185,6 +188,12 @@ def test_body_level_errors_have_codes(raw, code):
     with pytest.raises(ApiError) as info:
         parse_body(raw, CompletionRequest)
     assert info.value.code == code
+
+
+def test_a_surrogate_pair_escape_is_text():
+    """What json.dumps writes for an emoji by default (ensure_ascii) parses: a pair, not a lone half."""
+    parsed = parse_body(b'{"model": "m", "prompt": "hi \\ud83d\\ude00 and a literal \\\\ud800"}', CompletionRequest)
+    assert parsed.prompt == "hi \U0001f600 and a literal \\ud800"
 
 
 @pytest.mark.parametrize("kind", [CompletionRequest, ChatCompletionRequest])

@@ -33,6 +33,28 @@ def test_the_log_is_owner_only_and_rotates_once(tmp_path):
     assert [x["prompt_tokens"] for x in lines] == [0, 10, 20, 30, 40, 50][-len(lines):]
 
 
+def test_a_log_that_cannot_be_renamed_stays_bounded_and_owner_only(tmp_path, monkeypatch):
+    """Where LOG cannot become LOG.1 (a read-only directory, a file mounted on its own) it starts
+    again empty, every line still written; a file that existed with a loose mode is made 0600."""
+    import dpd.router.requestlog as requestlog
+
+    path = tmp_path / "requests.jsonl"
+    path.write_text("")
+    path.chmod(0o644)
+
+    def cannot_rename(src, dst):
+        raise OSError(16, "Device or resource busy")
+
+    monkeypatch.setattr(requestlog.os, "replace", cannot_rename)
+    log = RequestLog(path, max_bytes=200)
+    for i in range(50):
+        log.write(_line(1000.0 + i, i, 5))
+        assert path.stat().st_size < 200 + 200
+    log.close()
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert json.loads(path.read_text().splitlines()[-1])["prompt_tokens"] == 49  # the last line written
+
+
 def test_a_log_that_cannot_be_written_does_not_raise(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")

@@ -446,6 +446,20 @@ async def test_outcome_row_end_to_end_through_the_flow(make_router, outcome):
         assert pool_breaker.num_consecutive_failures == 0 and pool_breaker.state is BreakerState.CLOSED
 
 
+async def test_a_client_gone_during_the_decode_hop_tells_the_prefill_breaker_nothing(make_router):
+    """The prefill hop succeeded, then the client left while the decoder pulled: neither a success
+    (which would reset the pool breaker's failures, or close it half-open) nor a failure."""
+    client = await make_router(ScriptedWorker(), ScriptedWorker(first_token_delay_s=2.0), threshold=0)
+    breaker = client.router.prefill.breaker  # type: ignore[attr-defined]
+    breaker.record_failure("scripted")
+    task = asyncio.create_task(client.post("/v1/completions", json={**BODY, "stream": True}))
+    await asyncio.sleep(0.5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert breaker.num_consecutive_failures == 1
+
+
 async def test_a_flooding_tenant_leaves_another_admitted(make_router):
     """Issue 16, finding 6: one tenant floods the shared decode pool (far more requests than slots
     and queue); the other tenant's requests are all admitted — the flood is capped per tenant and
