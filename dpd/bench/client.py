@@ -52,6 +52,7 @@ async def send(
                            request_class=request_class(request.num_prompt_tokens, threshold_tokens))
     started = time.perf_counter()
     last = None
+    num_counted = 0  # tokens the chunks brought, as counted here
     try:
         async with session.post(url + "/v1/completions", json=body) as resp:
             record.path = resp.headers.get("x-dpd-path", "")
@@ -73,19 +74,33 @@ async def send(
                     record.num_output_tokens = usage.get("completion_tokens") or 0
                     record.num_prompt_tokens = usage.get("prompt_tokens") or 0
                     record.num_cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-                if any(c.get("text") for c in chunk.get("choices") or ()):
+                num_new = token_arrivals(chunk, record.num_output_tokens - tokens_before)
+                if num_new:
                     now = time.perf_counter()
-                    num_new = record.num_output_tokens - tokens_before if chunk.get("usage") else 1
                     if last is None:
                         record.ttft_s = now - started
                     add_token_gaps(record, None if last is None else now - last, num_new)
+                    num_counted += num_new
                     last = now
     except (TimeoutError, aiohttp.ClientError, json.JSONDecodeError):
         record.is_ok = False
     record.e2e_s = time.perf_counter() - started
     if last is None:
         record.is_ok = False
+    if not record.num_output_tokens:  # a stream without usage (a peer that strips it): its chunks, counted
+        record.num_output_tokens = num_counted
     return record
+
+
+def token_arrivals(chunk: dict, usage_growth: int) -> int:
+    """How many generated tokens ``chunk`` brings: with a usage count, what it grew by (a chunk of
+    empty text can carry tokens — a special token skipped, a partial UTF-8 character held back —
+    and the usage-only chunk at the end brings none); without one, a chunk with text is one token."""
+    if not chunk.get("choices"):
+        return 0
+    if chunk.get("usage"):
+        return max(usage_growth, 0)
+    return 1 if any(c.get("text") for c in chunk["choices"]) else 0
 
 
 def add_token_gaps(record: RequestRecord, gap_s: float | None, num_tokens: int) -> None:

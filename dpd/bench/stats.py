@@ -176,13 +176,28 @@ def fitted_capacity(met_by_rate: dict[float, list[bool]], bar: float = 0.9) -> f
 
 
 def fitted_capacity_ci(met_by_rate: dict[float, list[bool]], bar: float = 0.9, *, num_resamples: int = 1000,
-                       level: float = 0.95, seed: int = 0) -> tuple[float, float]:
+                       level: float = 0.95, seed: int = 0,
+                       rounds_by_rate: dict[float, list[int]] | None = None) -> tuple[float, float]:
     """A percentile-bootstrap interval of ``fitted_capacity``: each rate's requests resampled
-    with replacement, independently (each rate is its own run)."""
+    with replacement, independently (each rate is its own run). With ``rounds_by_rate`` (the
+    round of each flag) and several rounds, each resample first draws the rounds, the same for
+    every rate (a round is one stretch of the machine's time), then the requests within them."""
     rng = random.Random(seed)
+    grouped: dict[float, dict[int, list[bool]]] = {}
+    for rate, flags in met_by_rate.items():
+        for flag, k in zip(flags, (rounds_by_rate or {}).get(rate, [0] * len(flags))):
+            grouped.setdefault(rate, {}).setdefault(k, []).append(flag)
+    round_ids = sorted({k for by_round in grouped.values() for k in by_round})
     values = []
     for _ in range(num_resamples):
-        resampled = {rate: [flags[rng.randrange(len(flags))] for _ in flags] for rate, flags in met_by_rate.items() if flags}
+        if len(round_ids) > 1:
+            drawn = [round_ids[rng.randrange(len(round_ids))] for _ in round_ids]
+            resampled = {rate: [g[rng.randrange(len(g))] for k in drawn for g in [by_round.get(k, [])] for _ in g]
+                         for rate, by_round in grouped.items()}
+            resampled = {rate: flags for rate, flags in resampled.items() if flags}
+        else:
+            resampled = {rate: [flags[rng.randrange(len(flags))] for _ in flags]
+                         for rate, flags in met_by_rate.items() if flags}
         value = fitted_capacity(resampled, bar)
         if value == value:
             values.append(value)

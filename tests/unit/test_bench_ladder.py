@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import random
 from dataclasses import asdict
+from types import SimpleNamespace
 
 import pytest
 
@@ -15,6 +18,7 @@ from dpd.bench.ladder import (
     capacity,
     class_figures,
     open_breakers,
+    _fmt_ratio,
     paired_ratio,
     report,
     request_set,
@@ -106,6 +110,64 @@ def test_per_token_gaps_from_multi_token_chunks():
     assert len(record.itls_s) == record.num_output_tokens - 1 and record.num_merged_chunks == 2
 
 
+def _usage(n: int) -> dict:
+    return {"prompt_tokens": 5, "completion_tokens": n, "total_tokens": 5 + n}
+
+
+@pytest.mark.parametrize("chunks, gaps, ttft, tokens", [
+    # an empty-text chunk carrying a token (a special token skipped, a held-back UTF-8 byte) is a token
+    ([(0.0, "a", 1), (0.1, "", 2), (0.2, "b", 3)], [0.1, 0.1], 0.0, 3),
+    ([(1.0, "", 1), (1.1, "a", 2), (1.2, "b", 3)], [0.1, 0.1], 1.0, 3),
+    # without usage (a peer that strips it): a chunk with text is one token, and they are counted
+    ([(0.0, "a", None), (0.5, "b", None), (1.5, "c", None)], [0.5, 1.0], 0.0, 3),
+])
+async def test_the_client_counts_every_token_a_chunk_brings(monkeypatch, chunks, gaps, ttft, tokens):
+    """The stream a worker sends, replayed with its timing: gaps per token, TTFT at the first
+    token even in an empty-text chunk, and tokens counted where the stream has no usage."""
+    import aiohttp
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    import dpd.bench.client as client
+    from dpd.bench.workloads import TraceRequest
+
+    clock = {"now": 0.0}
+
+    async def serve(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for at, text, n in chunks:
+            clock["now"] = at
+            body = {"choices": [{"index": 0, "text": text}], **({"usage": _usage(n)} if n is not None else {})}
+            await resp.write(b"data: " + json.dumps(body).encode() + b"\n\n")
+            await asyncio.sleep(0.01)  # one chunk per read
+        clock["now"] = chunks[-1][0]
+        if chunks[-1][2] is not None:
+            await resp.write(b"data: " + json.dumps({"choices": [], "usage": _usage(chunks[-1][2])}).encode() + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", serve)
+    server = TestServer(app)
+    await server.start_server()
+    reads = iter([-1.0])  # the send time, then each chunk's own time
+
+    def perf_counter() -> float:
+        return next(reads, clock["now"])
+
+    monkeypatch.setattr(client, "time", SimpleNamespace(perf_counter=perf_counter))
+    try:
+        async with aiohttp.ClientSession() as session:
+            record = await client.send(session, str(server.make_url("")).rstrip("/"), "m",
+                                       TraceRequest(0.0, 8, 3, "test"), seed=1, threshold_tokens=100)
+    finally:
+        await server.close()
+    assert record.is_ok and record.num_output_tokens == tokens
+    assert record.itls_s == pytest.approx(gaps)
+    assert record.ttft_s == pytest.approx(ttft + 1.0)
+
+
 def _records(ttfts: list[float], cls: str = "short", failed: tuple[int, ...] = ()) -> list[RequestRecord]:
     return [RequestRecord(ttft_s=t, e2e_s=t + 1.0, num_output_tokens=11, itls_s=[0.1] * 10, request_class=cls,
                           is_ok=i not in failed, index=i) for i, t in enumerate(ttfts)]
@@ -125,6 +187,18 @@ def test_paired_ratio_and_its_interval():
     assert r["ratio"] == pytest.approx(0.5) and r["lo"] <= 0.5 <= r["hi"] and r["n"] == 200
     met = paired_ratio(halved, base, "met", 0, None, SLO)
     assert met["ratio"] == pytest.approx(1.0)
+
+
+def test_failures_that_reach_the_percentile_widen_the_interval_to_infinity():
+    """77 requests, 5 failed (+inf latency): P90 is finite, but resamples that draw the failures
+    often enough put it at inf — those resamples count (an upper bound of ∞), not drop out."""
+    base = _records([1.0 + i / 100 for i in range(77)])
+    mine = _records([1.0 + i / 100 for i in range(77)], failed=(72, 73, 74, 75, 76))
+    r = paired_ratio(mine, base, "ttft", 0.9, None, SLO)
+    assert r["ratio"] == r["ratio"] and r["ratio"] < 2 and r["hi"] == float("inf")
+    assert "∞" in _fmt_ratio(r)
+    flipped = paired_ratio(base, mine, "ttft", 0.9, None, SLO)
+    assert flipped["lo"] == 0.0  # a finite P90 over an infinite one
 
 
 @pytest.mark.parametrize("attainments, expected", [
@@ -166,6 +240,21 @@ def test_the_fitted_capacity_crosses_the_bar_between_rates():
     assert fitted_capacity({0.2: flags(0.95), 0.4: flags(0.8), 0.6: flags(0.99)}) == pytest.approx(0.2 + 0.2 * 0.05 / 0.15)
     assert fitted_capacity({0.2: flags(0.5), 0.4: flags(0.1)}) == 0  # below the ladder
     assert fitted_capacity({0.2: flags(1.0), 0.4: flags(0.95)}) == float("inf")  # above it
+
+
+def test_the_capacity_interval_carries_the_spread_between_rounds():
+    """Rate 1 met by all in both rounds; at rate 2 round 0 met 100/100, round 1 60/100: the point
+    is 1.5, and a resample of round 1 twice (1.25) or round 0 twice (above the ladder) is as
+    likely as any — resampling the pooled requests alone would hide it."""
+    from dpd.bench.stats import fitted_capacity, fitted_capacity_ci
+
+    met = {1.0: [True] * 200, 2.0: [True] * 100 + [i < 60 for i in range(100)]}
+    rounds = {1.0: [0] * 100 + [1] * 100, 2.0: [0] * 100 + [1] * 100}
+    assert fitted_capacity(met) == pytest.approx(1.5)
+    pooled_lo, pooled_hi = fitted_capacity_ci(met)
+    lo, hi = fitted_capacity_ci(met, rounds_by_rate=rounds)
+    assert 1.3 < pooled_lo and pooled_hi < 2.0
+    assert lo <= 1.3 and hi == float("inf")
 
 
 def test_the_slo_scale_multiplies_each_requests_own_best_latency():
@@ -241,3 +330,25 @@ def test_the_ladders_endpoints_keep_a_request_log_beside_the_results(tmp_path):
     router = config.spec.pdSpec.router
     assert router.requestLog.path == str((tmp_path / "requests-pd.jsonl").resolve())
     assert router.adaptive.maxStallS == 0.1 and router.port == 18400
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--scenarios", "colocated,nope"], "unknown scenario"),
+    (["--workloads", "trace,other"], "unknown workload"),
+    (["--requests", "1"], "--requests must be >= 2"),
+    (["--burstiness", "0"], "--burstiness must be > 0"),
+    (["--adaptive-max-stall", "0"], "--adaptive-max-stall must be > 0"),
+    (["--workloads", "trace", "--rounds", "7", "--windows", "7"], "too few for window"),
+])
+def test_bench_ladder_refuses_bad_input_before_starting_anything(argv, message, capsys, tmp_path, monkeypatch):
+    """One line and exit 2, never a traceback, and no endpoint started."""
+    import dpd.bench.ladder as ladder
+    from dpd.cli import main
+
+    def no_endpoint(*args, **kwargs):
+        raise AssertionError("an endpoint was started")
+
+    monkeypatch.setattr(ladder, "endpoints", no_endpoint)
+    assert main(["bench", "ladder", "--out", str(tmp_path / "out"), *argv]) == 2
+    err = capsys.readouterr().err
+    assert "dpd bench ladder: " in err and message in err and "Traceback" not in err
