@@ -30,7 +30,7 @@ class _Frozen(BaseModel):
 class ResourceRequirements(_Frozen):
     """Kubernetes-style requests/limits (``cpu``, ``memory``, ``nvidia.com/gpu``, EFA …).
 
-    Used as is when rendering for a cluster; locally only ``cpu`` matters (see ``cpus``).
+    Used as is when rendering for a cluster; locally only the GPU count is read (cores come from a pool's ``cpusPerWorker``).
     """
 
     requests: dict[str, str | int] = Field(default_factory=dict)
@@ -85,11 +85,19 @@ class PoolSpec(_Frozen):
     @field_validator("args")
     @classmethod
     def _no_managed_args(cls, args: tuple[str, ...]) -> tuple[str, ...]:
-        managed = {"--port", "--host", "--kv-transfer-config", "--model", "--served-model-name"}
-        for arg in args:
-            if arg.split("=", 1)[0] in managed:
-                raise ValueError(f"{arg.split('=', 1)[0]} is set by dpd; remove it from args")
-        return args
+        return no_managed_args(args)
+
+
+MANAGED_ARGS = frozenset({"--port", "--host", "--kv-transfer-config", "--model", "--served-model-name"})
+
+
+def no_managed_args(args: tuple[str, ...]) -> tuple[str, ...]:
+    """Engine arguments dpd sets itself (the port probes and the router use, the model, the KV
+    connector) may not be overridden: ``ValueError`` naming the first."""
+    for arg in args:
+        if arg.split("=", 1)[0] in MANAGED_ARGS:
+            raise ValueError(f"{arg.split('=', 1)[0]} is set by dpd; remove it from args")
+    return args
 
 
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
@@ -466,6 +474,7 @@ class PdSpec(_Frozen):
     routingThreshold: int = Field(
         default=DEFAULT_ROUTING_THRESHOLD_TOKENS,
         ge=0,
+        le=10**9,
         description="threshold policy: prompts with at least this many tokens take the disaggregated path; 0 = always. "
         "adaptive policy: the floor below which a prompt is never disaggregated.",
     )
@@ -599,6 +608,11 @@ class WorkerSpec(_Frozen):
     requestLimits: RequestLimits | None = None
     resources: ResourceRequirements | None = None
     workingDir: str | None = None
+
+    @field_validator("args")
+    @classmethod
+    def _no_managed_args(cls, args: tuple[str, ...]) -> tuple[str, ...]:
+        return no_managed_args(args)
 
 
 class TlsConfig(_Frozen):

@@ -27,6 +27,7 @@ PLURALS = {
     "Deployment": "deployments", "PodDisruptionBudget": "poddisruptionbudgets",
     "HorizontalPodAutoscaler": "horizontalpodautoscalers", "NetworkPolicy": "networkpolicies",
     "Role": "roles", "RoleBinding": "rolebindings", "ServiceMonitor": "servicemonitors",
+    "PersistentVolumeClaim": "persistentvolumeclaims",
     "EndpointSlice": "endpointslices", "InferenceEndpointConfig": "inferenceendpointconfigs",
 }
 

@@ -58,7 +58,8 @@ CLUSTER_NOTES = {
     "`metric`, `targetValue` — one HorizontalPodAutoscaler per pool.",
     "instanceType": "The workers' nodeSelector `node.kubernetes.io/instance-type` unless a pool sets it.",
     "worker": "The reference's worker section: `image`, `args` (before each pool's), `environmentVariables`, `resources` "
-    "(for pools without their own), `probes` and `requestLimits` (admission) apply; see docs/kubernetes.md's migration section.",
+    "(for pools without their own), `probes` and `requestLimits` (admission) apply; see docs/kubernetes.md's migration section. "
+    "Locally (`dpd serve`) `args` and the `environmentVariables` with a plain `value` apply too.",
 }
 
 

@@ -18,7 +18,7 @@ from dpd.k8s.render import DPD_IMAGE
 from dpd.k8s.security import POD_SECURITY, container_security
 
 MANAGED = [
-    ("", ["configmaps", "secrets", "services", "serviceaccounts"]),
+    ("", ["configmaps", "secrets", "services", "serviceaccounts", "persistentvolumeclaims"]),
     ("apps", ["deployments"]),
     ("policy", ["poddisruptionbudgets"]),
     ("autoscaling", ["horizontalpodautoscalers"]),

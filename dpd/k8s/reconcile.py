@@ -35,11 +35,13 @@ from dpd.k8s.workers import WORKER_KEY_ITEM, worker_key_secret
 LAST_APPLIED = "dpd.dev/last-applied"
 # Kinds render may stop producing for a spec (and so must be deleted), by name key.
 OPTIONAL = (("v1", "Secret", "secrets"), ("autoscaling/v2", "HorizontalPodAutoscaler", "prefill"),
-            ("autoscaling/v2", "HorizontalPodAutoscaler", "decode"), ("v1", "ConfigMap", "dashboard"))
+            ("autoscaling/v2", "HorizontalPodAutoscaler", "decode"), ("v1", "ConfigMap", "dashboard"),
+            ("monitoring.coreos.com/v1", "ServiceMonitor", "monitor"))
 # Kinds `dpd render` prints but the operator does not apply: a PrometheusRule exists only where
 # prometheus-operator's CRDs are installed, and creating one elsewhere would fail every reconcile
-# (monitoring.py). Who applies the rendered files applies it.
-RENDER_ONLY_KINDS = ("PrometheusRule",)
+# (monitoring.py); an FSx source's PersistentVolume is cluster-scoped, and the operator holds no
+# cluster-wide rights (its claim it does create). Who applies the rendered files applies them.
+RENDER_ONLY_KINDS = ("PrometheusRule", "PersistentVolume")
 # Kinds a tenant's dedicated pool is made of; found by label when the tenant's pool goes.
 TENANT_KINDS = (("apps/v1", "Deployment"), ("v1", "Service"), ("policy/v1", "PodDisruptionBudget"))
 

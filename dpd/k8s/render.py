@@ -154,7 +154,7 @@ def names(config: InferenceEndpointConfig) -> dict[str, str]:
     return {
         "prefill": f"{base}-prefill", "decode": f"{base}-decode", "router": f"{base}-router",
         "config": f"{base}-config", "secrets": f"{base}-secrets", "workers": f"{base}-workers",
-        "dashboard": f"{base}-dashboard", "alerts": f"{base}-alerts",
+        "dashboard": f"{base}-dashboard", "alerts": f"{base}-alerts", "monitor": base,
     }
 
 
@@ -195,17 +195,22 @@ def split_secrets(document: dict[str, Any]) -> tuple[dict[str, Any], dict[str, A
     return public, secrets
 
 
-# The parts of the config the router reads only when it starts. Pool sizes are found by
-# discovery and the threshold is reloaded live, so neither restarts the router.
-ROUTER_START_FIELDS = ("modelName", "modelSourceConfig", "maxModelLen")
+# The parts of the config the router reads only when it starts: a change to any of them restarts
+# it. Pool sizes are found by discovery and the threshold is reloaded live, so neither does; engine
+# arguments are the workers'.
+ROUTER_START_FIELDS = ("modelName", "modelSourceConfig", "maxModelLen", "tenants", "intelligentRoutingSpec",
+                       "loadBalancer", "kvCacheSpec")
+ROUTER_START_PD_FIELDS = ("router", "routingPolicy", "kvTransferSpec")
 
 
 def config_hash(public: dict[str, Any], secrets: dict[str, Any]) -> str:
     """Hash of what a running router cannot pick up without a restart."""
     spec = public.get("spec") or {}
+    pd = spec.get("pdSpec") or {}
     data = {
         **{k: spec.get(k) for k in ROUTER_START_FIELDS},
-        "router": (spec.get("pdSpec") or {}).get("router"),
+        **{k: pd.get(k) for k in ROUTER_START_PD_FIELDS},
+        "requestLimits": (spec.get("worker") or {}).get("requestLimits"),  # the reference's admission limits
         "secrets": secrets,
     }
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -259,7 +264,9 @@ def _router_template(config: InferenceEndpointConfig, n: dict[str, str], images:
         "env": env,
         "ports": [{"name": "http", "containerPort": router.port, "protocol": "TCP"},
                   {"name": "metrics", "containerPort": metrics_port(config), "protocol": "TCP"}],
-        "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
+        # A memory limit too: a namespace whose quota asks for one admits the pod (a router holds a
+        # tokenizer, its prefix index and its connections: well under this).
+        "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
         # /health is 200 only while a decoder is healthy: right for readiness (no traffic to a
         # router that can serve nothing), wrong for liveness (restarting it would not help).
         "readinessProbe": {"httpGet": {"path": "/health", "port": "http", **({"scheme": "HTTPS"} if tls else {})},
@@ -367,7 +374,17 @@ def _network_policies(config: InferenceEndpointConfig, n: dict[str, str]) -> lis
     ]
 
 
+def check_router_ports(config: InferenceEndpointConfig) -> None:
+    """``RenderError`` when the router's API and metrics ports coincide on a cluster (an unset
+    ``metricsPort`` is 9090 there), which would give its Service one port twice."""
+    port = config.spec.pdSpec.router.port
+    if metrics_port(config) == port:
+        raise RenderError([f"spec.pdSpec.router.port: {port} is the port the router serves /metrics on in a cluster "
+                           "when router.metricsPort is unset; choose another port or set router.metricsPort"])
+
+
 def render_config(config: InferenceEndpointConfig, document: dict[str, Any], options: RenderOptions = RenderOptions()) -> list[dict]:
+    check_router_ports(config)
     n = names(config)
     images = _images(config, options)
     groups = worker_groups(config)
@@ -401,7 +418,8 @@ def render_config(config: InferenceEndpointConfig, document: dict[str, Any], opt
         interval = metrics.metricsScrapeIntervalSeconds if metrics else 15
         name, namespace = config.metadata.name, config.metadata.namespace
         objects += [
-            service_monitor(_meta(config, name, "metrics"), {"app.kubernetes.io/instance": name, METRICS_LABEL: "true"}, interval),
+            service_monitor(_meta(config, n["monitor"], "metrics"), {"app.kubernetes.io/instance": name, METRICS_LABEL: "true"},
+                            interval),
             dashboard_config_map(_meta(config, n["dashboard"], "metrics"), name, namespace),
             prometheus_rule(_meta(config, n["alerts"], "metrics"), name, namespace),
         ]

@@ -16,7 +16,14 @@ from typing import Any
 from dpd.config.load import ConfigError, parse_config
 from dpd.k8s.autoscaling import RenderError
 from dpd.k8s.policy import OperatorPolicy, policy_problems
-from dpd.k8s.render import RenderOptions, config_document, render, shared_autoscaling, worker_groups
+from dpd.k8s.render import (
+    RenderOptions,
+    check_router_ports,
+    config_document,
+    render,
+    shared_autoscaling,
+    worker_groups,
+)
 
 
 def admission_problems(body: dict[str, Any], options: RenderOptions | None = None,
@@ -27,6 +34,7 @@ def admission_problems(body: dict[str, Any], options: RenderOptions | None = Non
     except ConfigError as exc:
         return list(exc.problems)
     try:
+        check_router_ports(config)
         shared_autoscaling(config, worker_groups(config))  # parses autoScalingSpec as render does
         if policy is not None:
             return policy_problems(render(config_document(body), options or RenderOptions(), source="resource"), policy)

@@ -106,6 +106,7 @@ def model_volume(config: InferenceEndpointConfig, dpd_image: str) -> tuple[list[
         init = {
             "name": "fetch-model",
             "image": AWS_CLI_IMAGE,
+            "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
             "command": ["aws", "s3", "sync", "--only-show-errors", _under(f"s3://{s3.bucketName}", source.modelLocation),
                         model_argument(config)],
             "env": [{"name": "AWS_REGION", "value": s3.region}] if s3.region else [],
@@ -133,6 +134,7 @@ def model_volume(config: InferenceEndpointConfig, dpd_image: str) -> tuple[list[
     init = {
         "name": "prepare-model",
         "image": dpd_image,
+        "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},  # dequantizes the GGUF
         "command": ["dpd", "prepare-model"],
         "env": [{"name": "DPD_CACHE_DIR", "value": MODELS_DIR}],
         "volumeMounts": mounts,

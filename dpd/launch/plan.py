@@ -395,6 +395,12 @@ def plan_workers(
     stride = max(SIDE_CHANNEL_STRIDE, pd.prefillSpec.tensorParallelSize, pd.decodingSpec.tensorParallelSize)
     plans: list[WorkerPlan] = []
     index = 0
+    # The reference's worker section, as on a cluster: its args before each pool's, its
+    # environment (plain values; a valueFrom reads a cluster object) under dpd's and each pool's.
+    worker = config.spec.worker
+    shared_args = tuple(worker.args) if worker else ()
+    shared_env = {e["name"]: str(e["value"]) for e in (worker.environmentVariables if worker else ())
+                  if isinstance(e, dict) and "name" in e and "value" in e}
     for pool_name, pool in pools:
         kv_role = None if is_colocated else KV_ROLES[pool_name]
         for replica in range(pool.replicas):
@@ -404,12 +410,13 @@ def plan_workers(
             command = [python, "-m", "vllm.entrypoints.openai.api_server",
                        *vllm_args(config, pool, model=model_path, host="127.0.0.1", port=port, kv_role=kv_role,
                                   is_gpu=is_gpu, events_dir=events_dir),
-                       *dtype_args(pool.args, has_native_bf16), *pool.args]
+                       *dtype_args(shared_args + pool.args, has_native_bf16), *shared_args, *pool.args]
             device_env = ({"CUDA_VISIBLE_DEVICES": ",".join(worker_gpus)} if is_gpu else {
                 "VLLM_CPU_KVCACHE_SPACE": f"{pool.kvCacheGiB:g}",
                 "VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in worker_cores),
             })
             env = {
+                **shared_env,  # under dpd's own (cores, NIXL) and the pool's
                 **(_nixl_env(config, is_gpu) if kv_role is not None else {}),
                 **device_env,
                 **tracing_env(config),

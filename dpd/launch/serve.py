@@ -29,7 +29,7 @@ from typing import TextIO
 
 import aiohttp
 
-from dpd.config.model import InferenceEndpointConfig, tls_files
+from dpd.config.model import InferenceEndpointConfig, RouterSpec, tls_files
 from dpd.launch.plan import (
     Devices,
     WorkerPlan,
@@ -51,9 +51,29 @@ class LaunchError(RuntimeError):
     pass
 
 
+def planned_ports(plans: list[WorkerPlan], router_spec: RouterSpec, *, is_colocated: bool) -> dict[int, str]:
+    """Every port the endpoint will listen on and who uses it; two users of one port (a worker
+    base port that runs into the router's, a side channel on a worker's HTTP port) are an error
+    now rather than a failed bind after the workers have loaded."""
+    users = [(p.port, f"{p.name} HTTP") for p in plans]
+    if not is_colocated:
+        users += [(p.side_channel_port, f"{p.name} NIXL side channel") for p in plans]
+    users.append((router_spec.port, "router"))
+    if router_spec.metricsPort is not None:
+        users.append((router_spec.metricsPort, "router metrics"))
+    ports: dict[int, str] = {}
+    for port, what in users:
+        if port in ports:
+            raise LaunchError(f"port {port} is planned for both {ports[port]} and {what}; change "
+                              "pdSpec.local.workerBasePort / sideChannelBasePort or router.port in the config")
+        ports[port] = what
+    return ports
+
+
 def _check_ports_free(host: str, ports: dict[int, str]) -> None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     for port, what in ports.items():
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        with socket.socket(family, socket.SOCK_STREAM) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind((host, port))
@@ -124,13 +144,14 @@ class Endpoint:
         run_dir = make_run_dir(self.config)
         plans = plan_workers(self.config, model_path, is_colocated=self.is_colocated, devices=devices,
                              events_dir=str(self._socket_dir(run_dir)))
-        ports = {p.port: f"{p.name} HTTP" for p in plans}
-        if not self.is_colocated:
-            ports.update({p.side_channel_port: f"{p.name} NIXL side channel" for p in plans})
-        ports[router_spec.port] = "router"
-        if router_spec.metricsPort is not None:
-            ports[router_spec.metricsPort] = "router metrics"
-        _check_ports_free("127.0.0.1", ports)
+        ports = planned_ports(plans, router_spec, is_colocated=self.is_colocated)
+        router_ports = {router_spec.port, router_spec.metricsPort}  # the router binds its own host
+        _check_ports_free("127.0.0.1", {port: what for port, what in ports.items() if port not in router_ports})
+        _check_ports_free(router_spec.host, {port: what for port, what in ports.items() if port in router_ports})
+        tls = tls_files(spec)
+        for path in tls or ():  # before any worker starts: minutes of loading lost otherwise
+            if not os.access(path, os.R_OK):
+                raise LaunchError(f"spec.tlsConfig: cannot read {path}")
         if oversubscribed(plans):
             self.say("warning: more worker cores requested than this machine has; workers share cores")
         self.say(f"mode: {'colocated' if self.is_colocated else 'disaggregated'}; worker logs in {run_dir}")
@@ -160,10 +181,6 @@ class Endpoint:
         router = Router(settings)
         router.worker_control = self
         self._router = router
-        tls = tls_files(spec)
-        for path in tls or ():
-            if not os.access(path, os.R_OK):
-                raise LaunchError(f"spec.tlsConfig: cannot read {path}")
         server = make_server(router, router_spec.host, router_spec.port, is_embedded=True, tls=tls)
         server_task = asyncio.create_task(server.serve(), name="router")
         while not server.started and not server_task.done():

@@ -18,6 +18,11 @@ def test_embedded_default_is_one_prefill_one_decode():
     assert config.spec.modelSourceConfig.modelSourceType == "bundled"
 
 
+def test_the_default_example_is_the_embedded_default():
+    """README: examples/ holds the default `dpd serve` runs without a file."""
+    assert load_config("examples/default.yaml") == load_config()
+
+
 @pytest.mark.parametrize("path", EXAMPLES)
 def test_examples_are_valid(path):
     assert load_config(path).kind == "InferenceEndpointConfig"

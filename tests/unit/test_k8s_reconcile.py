@@ -402,3 +402,18 @@ async def test_the_operator_applies_the_dashboard_and_leaves_the_prometheus_rule
     _, actions = await reconcile(api, resource(metrics={"enabled": False}))
     assert f"delete {CONFIGMAPS}/smollm2-minimal-dashboard" in actions
     assert await api.get(f"{CONFIGMAPS}/smollm2-minimal-dashboard") is None
+    monitor = f"/apis/monitoring.coreos.com/v1/namespaces/{NS}/servicemonitors/smollm2-minimal"
+    assert f"delete {monitor}" in actions and await api.get(monitor) is None  # Prometheus stops scraping it
+
+
+async def test_an_fsx_source_gets_its_claim_and_leaves_the_cluster_scoped_volume_to_render():
+    """The claim is namespaced (the operator creates it); the PersistentVolume is cluster-scoped,
+    and the operator holds no cluster-wide rights: `dpd render` prints it for who installs."""
+    api = FakeApiServer()
+    body = resource("tests/unit/fixtures/hyperpod/fsx.yaml")
+    status, actions = await reconcile(api, body)
+    name = body["metadata"]["name"]
+    assert [a for a in actions if "/persistentvolumeclaims/" in a] == [
+        f"create /api/v1/namespaces/{NS}/persistentvolumeclaims/{name}-model-fsx"]
+    assert not [p for p in api.objects if "/persistentvolumes/" in p]
+    assert {c["type"]: c["status"] for c in status["conditions"]}["Valid"] == "True", status

@@ -271,6 +271,17 @@ def test_router_restarts_only_for_what_it_reads_at_start():
     assert config_hash(public, {}) != base
     public_minimal = split_secrets(yaml.safe_load(Path("examples/minimal.yaml").read_text()))[0]
     assert config_hash(public_minimal, {"adminKeySha256": "abababababababababababababababababababababababababababababababab"}) != base
+    # what the router also reads once at start: the policy, tenants, the reference's routing and limits
+    for path, value in ((("pdSpec", "routingPolicy"), "threshold"), (("tenants",), [{"name": "a"}]),
+                        (("loadBalancer",), {"routingAlgorithm": "round_robin"}),
+                        (("worker",), {"requestLimits": {"maxConcurrentRequests": 4}}),
+                        (("pdSpec", "kvTransferSpec"), {"kvLeaseDurationS": 60})):
+        changed = split_secrets(yaml.safe_load(Path("examples/minimal.yaml").read_text()))[0]
+        node = changed["spec"]
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = value
+        assert config_hash(changed, {}) != config_hash(public_minimal, {}), path
 
 
 @pytest.mark.parametrize(
@@ -549,3 +560,21 @@ def test_metrics_disabled_renders_no_monitoring_objects():
     objects = render(document)
     assert not [o for o in objects if o["kind"] in ("ServiceMonitor", "PrometheusRule")]
     assert not [o for o in objects if o["metadata"]["name"].endswith("-dashboard")]
+
+
+def test_a_router_port_on_the_clusters_metrics_port_is_refused_by_name():
+    """Unset, router.metricsPort is 9090 on a cluster: a router on 9090 would give its Service two ports 9090."""
+    document = yaml.safe_load(Path("examples/minimal.yaml").read_text())
+    document["spec"].setdefault("pdSpec", {}).setdefault("router", {})["port"] = 9090
+    with pytest.raises(RenderError, match="spec.pdSpec.router.port: 9090"):
+        render(document)
+    assert any("spec.pdSpec.router.port: 9090" in p for p in admission_problems(document))
+    document["spec"]["pdSpec"]["router"]["metricsPort"] = 9091
+    render(document)
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_every_services_ports_are_distinct(example):
+    for service in (o for o in render(yaml.safe_load(example.read_text())) if o["kind"] == "Service"):
+        ports = [p["port"] for p in service["spec"]["ports"]]
+        assert len(ports) == len(set(ports)), service["metadata"]["name"]

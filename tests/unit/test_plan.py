@@ -268,3 +268,34 @@ def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
     info.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16\n")
     assert cpu_has_native_bf16(str(info)) is True
     assert cpu_has_native_bf16(str(tmp_path / "missing")) is True
+
+
+@pytest.mark.parametrize("local, router, clash", [
+    ({"workerBasePort": 7999}, {}, "both decode-0 HTTP and router"),  # decode-0 on 8000, the router's
+    ({"workerBasePort": 9000, "sideChannelBasePort": 9000}, {}, "both prefill-0 HTTP and prefill-0 NIXL side channel"),
+    ({}, {"metricsPort": 8101}, "both decode-0 HTTP and router metrics"),
+])
+def test_two_users_of_one_port_are_refused_before_anything_starts(local, router, clash):
+    from dpd.launch.serve import LaunchError, planned_ports
+
+    cfg = config(local=local, router=router)
+    with pytest.raises(LaunchError, match=clash):
+        planned_ports(plan(cfg), cfg.spec.pdSpec.router, is_colocated=False)
+    assert len(planned_ports(plan(), config().spec.pdSpec.router, is_colocated=False)) == 5
+
+
+def test_the_reference_worker_section_applies_locally_as_on_a_cluster():
+    """worker.args go before each pool's own; worker.environmentVariables with plain values reach
+    every worker (a pool's env wins); dpd's own flags cannot be overridden there either."""
+    cfg = parse_config({"kind": "InferenceEndpointConfig", "spec": {
+        "worker": {"args": ["--max-num-seqs", "8"], "environmentVariables": [
+            {"name": "A", "value": "1"}, {"name": "B", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]},
+        "pdSpec": {"decodingSpec": {"args": ["--max-num-seqs", "4"], "env": {"A": "2"}}}}})
+    prefill, decode = plan(cfg)
+    assert list(prefill.command[-2:]) == ["--max-num-seqs", "8"]
+    assert list(decode.command[-4:]) == ["--max-num-seqs", "8", "--max-num-seqs", "4"]  # the pool's last: it wins
+    assert dict(prefill.env)["A"] == "1" and dict(decode.env)["A"] == "2" and "B" not in dict(prefill.env)
+    from dpd.config.load import ConfigError
+
+    with pytest.raises(ConfigError, match="--port is set by dpd"):
+        parse_config({"kind": "InferenceEndpointConfig", "spec": {"worker": {"args": ["--port", "8080"]}}})
