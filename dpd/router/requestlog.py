@@ -13,8 +13,9 @@ the model against ``ttft_s``). Requests refused
 before their prompt was counted (bad input, authentication) are not logged.
 
 The file is owner-only (it names tenants) and rotated once past ``maxMegabytes`` (``LOG`` →
-``LOG.1``; where it cannot be renamed, started again empty: it never grows without bound). Writes are small appends from the event loop; a write that fails
-(disk full) is logged once and the request is unaffected.
+``LOG.1``; where it cannot be renamed, started again empty: it never grows without bound).
+Writes are small appends from the event loop; a write that fails (disk full) is logged once and
+the request is unaffected.
 """
 
 from __future__ import annotations

@@ -13,12 +13,12 @@ import pytest
 from dpd.bench.client import add_token_gaps
 from dpd.bench.ladder import (
     LadderSpec,
+    _fmt_ratio,
     adaptive_settings,
     at_rate,
     capacity,
     class_figures,
     open_breakers,
-    _fmt_ratio,
     paired_ratio,
     report,
     request_set,
@@ -50,7 +50,7 @@ def test_same_requests_at_every_rate(workload):
 
 def test_trace_ships_with_the_package():
     assert (DEFAULT_TRACE_DIR / "AzureLLMInferenceTrace_conv.csv").is_file()
-    assert "CC-BY-4.0" in (DEFAULT_TRACE_DIR / "README.md").read_text()
+    assert "CC BY 4.0" in (DEFAULT_TRACE_DIR / "README.md").read_text()
 
 
 def test_schedule_shuffles_rates_and_rotates_scenarios():

@@ -192,7 +192,7 @@ def test_body_level_errors_have_codes(raw, code):
 
 def test_a_surrogate_pair_escape_is_text():
     """What json.dumps writes for an emoji by default (ensure_ascii) parses: a pair, not a lone half."""
-    parsed = parse_body(b'{"model": "m", "prompt": "hi \\ud83d\\ude00 and a literal \\\\ud800"}', CompletionRequest)
+    _, parsed = parse_body(b'{"model": "m", "prompt": "hi \\ud83d\\ude00 and a literal \\\\ud800"}', CompletionRequest)
     assert parsed.prompt == "hi \U0001f600 and a literal \\ud800"
 
 
