@@ -95,6 +95,13 @@ def _number_list(kind: type, minimum: float):
     return parse
 
 
+def _refused(command: str, problems: list[str]) -> bool:
+    """Print each of a command's input problems on its own line; True when there were any."""
+    for problem in problems:
+        print(f"{command}: {problem}", file=sys.stderr)
+    return bool(problems)
+
+
 def _cmd_validate(args: argparse.Namespace) -> int:
     if args.schema:
         print(json.dumps(json_schema(), indent=2))
@@ -216,13 +223,16 @@ def _cmd_bench_run(args: argparse.Namespace) -> int:
     if not spec.rates_rps:
         print("dpd bench run: --rates needs at least one rate", file=sys.stderr)
         return 2
-    problems = ["--bisect needs --rates LO,HI (the bracket to bisect)" for _ in [0] if args.bisect and len(spec.rates_rps) != 2]
-    problems += ["--session-turns must be >= 1" for _ in [0] if args.session_turns < 1]
-    problems += ["--burstiness must be > 0 (a gamma shape)" for _ in [0] if not args.burstiness > 0]
-    problems += ["--sweep-rate must be >= 0 (0: dpd's capacity)" for _ in [0] if not args.sweep_rate >= 0]
-    if problems:
-        for problem in problems:
-            print(f"dpd bench run: {problem}", file=sys.stderr)
+    problems = []
+    if args.bisect and len(spec.rates_rps) != 2:
+        problems.append("--bisect needs --rates LO,HI (the bracket to bisect)")
+    if args.session_turns < 1:
+        problems.append("--session-turns must be >= 1")
+    if not args.burstiness > 0:
+        problems.append("--burstiness must be > 0 (a gamma shape)")
+    if not args.sweep_rate >= 0:
+        problems.append("--sweep-rate must be >= 0 (0: dpd's capacity)")
+    if _refused("dpd bench run", problems):
         return 2
     try:
         results = run(spec, Path(args.out))
@@ -259,9 +269,7 @@ def _cmd_bench_ladder(args: argparse.Namespace) -> int:
         problems.append("--adaptive-stall-weight must be within [0, 100] (router.adaptive.stallWeight)")
     if not args.burstiness > 0:
         problems.append("--burstiness must be > 0 (a gamma shape)")
-    if problems:
-        for problem in problems:
-            print(f"dpd bench ladder: {problem}", file=sys.stderr)
+    if _refused("dpd bench ladder", problems):
         return 2
     spec = LadderSpec(
         trace_dir=args.trace, rates_rps=args.rates, slo=Slo(args.slo_ttft, args.slo_tpot), workloads=workloads,
@@ -414,9 +422,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if not problems and next(iter(candidates(args.max_workers, policies, args.thresholds, args.min_workers)), None) is None:
         problems.append(f"no candidate endpoint between --min-workers {args.min_workers} and --max-workers "
                         f"{args.max_workers} for policies {', '.join(policies)} (a P/D policy needs two workers or more)")
-    if problems:
-        for problem in problems:
-            print(f"dpd plan: {problem}", file=sys.stderr)
+    if _refused("dpd plan", problems):
         return 2
     try:
         profile = Profile.load(args.profile)
