@@ -192,6 +192,7 @@ class Router:
         self.flow = PdFlow(
             self._session, self.prefill, self.decode, self.picker, self.settings.spec, self.metrics,
             self.gates.get("prefill"), self.gates.get("decode"), self.routing.endpoint, kv_lease_s=self.settings.kv_lease_s,
+            whole_on_prefillers=lambda: self.routing.policy == "adaptive",
         )
         self._prober = HealthProber([self.prefill, self.decode], self._session, self.settings.spec.healthIntervalS, self._on_worker_change)
         await self._prober.probe_once()

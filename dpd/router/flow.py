@@ -48,7 +48,7 @@ from dpd.router.decide import Decision, Path
 from dpd.router.errors import ApiError, pool_unavailable, worker_failed, worker_timeout
 from dpd.router.load import EndpointLoad, StreamTicket
 from dpd.router.metrics import RouterMetrics
-from dpd.router.outcomes import HopOutcome, tell_pool_breaker
+from dpd.router.outcomes import OUTCOMES, HopOutcome, tell_pool_breaker
 from dpd.router.pick import Picker
 from dpd.router.pools import Pool, Worker
 from dpd.router.tracing import NO_TRACE, RequestTrace
@@ -74,6 +74,7 @@ class RequestContext:
     max_output_tokens: int | None = None  # the request's cap (max_tokens / max_completion_tokens), if it set one
     started_at: float = field(default_factory=time.monotonic)
     trace: RequestTrace = NO_TRACE  # its spans (tracing.py); off by default
+    prefilled_on: Worker | None = None  # a split's prefiller, once its prefill hop answered with KV
 
     @property
     def path(self) -> Path:
@@ -225,8 +226,10 @@ class PdFlow:
         decode_gate: AdmissionGate | None = None,
         endpoint_load: EndpointLoad | None = None,
         kv_lease_s: float = 30.0,
+        whole_on_prefillers: Callable[[], bool] = lambda: False,
     ):
         self._session = session
+        self._whole_on_prefillers = whole_on_prefillers  # the policy lets prefill-pool workers run whole requests
         self._kv_lease_duration_s = kv_lease_s
         self._prefill = prefill
         self._decode = decode
@@ -247,8 +250,12 @@ class PdFlow:
             if stream is not None:
                 return stream
             self._metrics.fallbacks.labels(reason.value).inc()
-            log.warning("request %s: falling back to the direct path (%s)", ctx.request_id, reason.value)
-            stream = await self._admitted_to_decode(self._direct(ctx, FALLBACK), ctx.tenant, ctx.trace)
+            # After a failed decode hop the prefiller holds the whole prompt in its prefix cache:
+            # where the policy allows, the request runs whole there, computing one token.
+            holder = ctx.prefilled_on if OUTCOMES[reason].prefilled and self._whole_on_prefillers() else None
+            log.warning("request %s: falling back to the direct path (%s)%s", ctx.request_id, reason.value,
+                        f", first on {holder.name}, which holds its prefix" if holder is not None else "")
+            stream = await self._admitted_to_decode(self._direct(ctx, FALLBACK, first=holder), ctx.tenant, ctx.trace)
             stream.fallback_reason = reason.value
             return stream
         return await self._admitted_to_decode(self._direct(ctx, Path.DIRECT.value, first=ctx.decision.decode), ctx.tenant,
@@ -295,6 +302,7 @@ class PdFlow:
                         release()  # the prefill slot covers the hop only (release is idempotent)
                     if kv_params is None:
                         return None, reason
+                    ctx.prefilled_on = worker
                     # The prefill hop succeeded; a decode hop that raises (the client left, the
                     # decoder refused) says nothing of the prefill pool: neutral, not a success.
                     reason = HopOutcome.CANCELLED
@@ -435,7 +443,8 @@ class PdFlow:
 
     async def _direct(self, ctx: RequestContext, path_label: str, first: Worker | None = None) -> UpstreamStream:
         """The whole request on one worker: ``first`` (planned, of either pool) if still usable,
-        else — and for every retry — a decoder."""
+        else — and for every retry — a decoder. A fallback's ``first`` (the split's prefiller)
+        that misses its first-token deadline is retried on a decoder, as an error would be."""
         tried: set[str] = set()
         retry = self._spec.retry
         for attempt in range(retry.maxAttempts):
@@ -456,6 +465,11 @@ class PdFlow:
                 )
             except _Stall:
                 worker.breaker.record_failure("no first token before the direct-path deadline")
+                if worker is ctx.prefilled_on and attempt < retry.maxAttempts - 1:
+                    self._metrics.retries.labels("decode").inc()
+                    log.warning("request %s: no first token from %s, which prefilled it; retrying on a decoder",
+                                ctx.request_id, worker.name)
+                    continue
                 raise worker_timeout(
                     "decode", worker.name, f"before the first token ({self._spec.directFirstTokenTimeoutS:.0f}s)"
                 ) from None
@@ -501,8 +515,10 @@ class PdFlow:
         stream: UpstreamStream | None = None
         is_whole = "kv_transfer_params" not in body  # the worker prefills too
         expected_tokens = ctx.max_output_tokens or (round(self._endpoint_load.output_tokens.value) if self._endpoint_load else 16)
-        ticket = (worker.load.begin_prefill(ctx.decision.prefill_tokens(worker, ctx.num_prompt_tokens), expected_tokens)
-                  if is_whole else None)
+        # The split's own prefiller, run whole after a failed decode hop, computes one token:
+        # its prefix cache holds the prompt.
+        computed = 1 if worker is ctx.prefilled_on else ctx.decision.prefill_tokens(worker, ctx.num_prompt_tokens)
+        ticket = worker.load.begin_prefill(computed, expected_tokens) if is_whole else None
         hop = ctx.trace.start("whole_hop" if is_whole else "decode_hop", client=True, **{"dpd.worker": worker.name})
         try:
             async with asyncio.timeout(first_token_timeout_s):

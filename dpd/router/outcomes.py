@@ -38,6 +38,10 @@ class Verdict(Enum):
 class OutcomeRule:
     pool_breaker: Verdict
     falls_back: bool  # the request is served direct instead
+    # The prefill hop succeeded, so its worker's prefix cache holds the whole prompt: where the
+    # policy lets prefill-pool workers run whole requests (adaptive), the fallback runs there
+    # and computes one token instead of the prompt (``PdFlow.open``).
+    prefilled: bool = False
 
 
 OUTCOMES: dict[HopOutcome, OutcomeRule] = {
@@ -50,8 +54,8 @@ OUTCOMES: dict[HopOutcome, OutcomeRule] = {
     HopOutcome.PREFILL_NO_KV: OutcomeRule(Verdict.FAILURE, falls_back=True),
     # A stall is the pair's failure: it counts against the prefill pool, so repeated stalls send
     # long prompts direct instead of taking the decoder out.
-    HopOutcome.DECODE_STALL: OutcomeRule(Verdict.FAILURE, falls_back=True),
-    HopOutcome.DECODE_ERROR: OutcomeRule(Verdict.NEUTRAL, falls_back=True),
+    HopOutcome.DECODE_STALL: OutcomeRule(Verdict.FAILURE, falls_back=True, prefilled=True),
+    HopOutcome.DECODE_ERROR: OutcomeRule(Verdict.NEUTRAL, falls_back=True, prefilled=True),
 }
 
 

@@ -20,6 +20,7 @@ from aiohttp.test_utils import TestServer
 from dpd.config.model import RouterSpec
 from dpd.router.app import Router, RouterSettings, build_app
 from dpd.router.breaker import BreakerState
+from dpd.router.decide import Decision, Path, Reason
 from dpd.router.outcomes import OUTCOMES, HopOutcome, Verdict
 
 
@@ -47,7 +48,9 @@ class ScriptedWorker:
         num_decode_failures: int = 0,
         prefill_kv: bool = True,
         bad_event: bytes | None = None,
+        direct_first_token_delay_s: float = 0.0,
     ):
+        self.direct_first_token_delay_s = direct_first_token_delay_s  # a whole request's first token
         self.bad_event = bad_event  # sent after the first token, as if it were an event
         self.prefill_status = prefill_status
         self.prefill_kv = prefill_kv
@@ -95,7 +98,7 @@ class ScriptedWorker:
             return web.json_response({"error": {"message": "engine dead"}}, status=500)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        delay = self.first_token_delay_s if kv.get("do_remote_prefill") else 0
+        delay = self.first_token_delay_s if kv.get("do_remote_prefill") else self.direct_first_token_delay_s
         await asyncio.sleep(delay)
         for i, text in enumerate("abc"):
             if i:
@@ -205,6 +208,50 @@ async def test_decode_stall_is_cancelled_counted_and_served_direct(make_router):
     text = (await client.get("/metrics")).text
     assert metric(text, "dpd_pd_stalls_total") == 1
     assert metric(text, 'dpd_fallbacks_total{reason="decode_stall"}') == 1
+
+
+def split_every_request(router: Router) -> None:
+    """The adaptive policy's plan fixed to a split of the first prefiller and decoder."""
+    p, d = router.prefill.workers[0], router.decode.workers[0]
+    router.routing.decide = lambda *args, **kwargs: Decision(Path.DISAGGREGATED, Reason.DECODER_BUSY, prefill=p,
+                                                             decode=d, computed_tokens=4)
+
+
+async def test_after_a_decode_stall_the_adaptive_policy_runs_it_whole_on_its_prefiller(make_router):
+    prefill, decode = ScriptedWorker(), ScriptedWorker(first_token_delay_s=1.0)
+    client = await make_router(prefill, decode, policy="adaptive", decodeFirstTokenTimeoutS=0.2)
+    router = client.router  # type: ignore[attr-defined]
+    split_every_request(router)
+    resp = await client.post("/v1/completions", json={**BODY, "stream": True})
+    assert resp.status_code == 200 and resp.headers["x-dpd-fallback"] == "decode_stall"
+    # its prefix cache holds the prompt: the whole request runs there, no decoder recomputes it
+    assert resp.headers["x-dpd-workers"] == router.prefill.workers[0].name
+    assert [bool(b.get("kv_transfer_params")) for b in prefill.bodies] == [True, False]
+    assert len(decode.bodies) == 1  # the stalled decode hop only
+    # and it is counted as one token computed, never as a prefill-rate sample of the whole prompt
+    assert router.prefill.workers[0].load.prefill_rate.num_samples == 0
+
+
+async def test_a_prefiller_that_stalls_the_fallback_too_is_retried_on_a_decoder(make_router):
+    prefill = ScriptedWorker(direct_first_token_delay_s=1.0)
+    decode = ScriptedWorker(first_token_delay_s=1.0)
+    client = await make_router(prefill, decode, policy="adaptive", decodeFirstTokenTimeoutS=0.2,
+                               directFirstTokenTimeoutS=0.3)
+    router = client.router  # type: ignore[attr-defined]
+    split_every_request(router)
+    resp = await client.post("/v1/completions", json={**BODY, "stream": True})
+    assert resp.status_code == 200 and resp.headers["x-dpd-fallback"] == "decode_stall"
+    assert resp.headers["x-dpd-workers"] == router.decode.workers[0].name
+    assert metric((await client.get("/metrics")).text, 'dpd_retries_total{pool="decode"}') == 1
+
+
+async def test_the_static_split_falls_back_on_a_decoder_only(make_router):
+    prefill, decode = ScriptedWorker(), ScriptedWorker(first_token_delay_s=1.0)
+    client = await make_router(prefill, decode, threshold=0, decodeFirstTokenTimeoutS=0.2)
+    resp = await client.post("/v1/completions", json={**BODY, "stream": True})
+    assert resp.headers["x-dpd-fallback"] == "decode_stall"
+    assert resp.headers["x-dpd-workers"] == client.router.decode.workers[0].name  # type: ignore[attr-defined]
+    assert len(prefill.bodies) == 1
 
 
 async def test_short_prompt_goes_direct(make_router):
