@@ -391,6 +391,10 @@ class RouterSpec(_Frozen):
         default=120.0, gt=0, description="Longest wait for a draining worker's in-flight requests to finish: the router's "
         "drain locally; on a cluster the workers' `--shutdown-timeout` (vLLM drains on SIGTERM)."
     )
+    resources: ResourceRequirements | None = Field(
+        default=None, description="The router pod's requests and limits on a cluster (unset: 1 CPU and 1Gi requested, "
+        "a 4Gi memory limit); not used locally."
+    )
     adminKeySha256: str | None = Field(
         default=None,
         pattern=SHA256_PATTERN,

@@ -192,7 +192,7 @@ class Router:
         self.flow = PdFlow(
             self._session, self.prefill, self.decode, self.picker, self.settings.spec, self.metrics,
             self.gates.get("prefill"), self.gates.get("decode"), self.routing.endpoint, kv_lease_s=self.settings.kv_lease_s,
-            whole_on_prefillers=lambda: self.routing.policy == "adaptive",
+            prefiller_fallback=self._prefiller_fallback_tokens,
         )
         self._prober = HealthProber([self.prefill, self.decode], self._session, self.settings.spec.healthIntervalS, self._on_worker_change)
         await self._prober.probe_once()
@@ -221,6 +221,15 @@ class Router:
         if self.request_log is not None:
             self.request_log.close()
         self.tracing.shutdown()
+
+    def _prefiller_fallback_tokens(self) -> int | None:
+        """After a failed decode hop: under the adaptive policy (any worker may run whole
+        requests), with the prefix cache known on (prefix-aware routing), the split's prefiller
+        serves the request computing the prompt's last block; else None (a decoder recomputes it)."""
+        index = self.routing.prefix_index
+        if self.routing.policy != "adaptive" or not self.routing.prefix_active or index is None:
+            return None
+        return index.block_size
 
     def _on_worker_change(self, worker: Worker) -> None:
         self.metrics.worker_healthy.labels(worker.pool, worker.name).set(1 if worker.is_healthy else 0)

@@ -75,6 +75,7 @@ class RequestContext:
     started_at: float = field(default_factory=time.monotonic)
     trace: RequestTrace = NO_TRACE  # its spans (tracing.py); off by default
     prefilled_on: Worker | None = None  # a split's prefiller, once its prefill hop answered with KV
+    prefilled_tokens: int = 0  # what that prefiller computes to serve the request whole (a fallback)
 
     @property
     def path(self) -> Path:
@@ -226,10 +227,13 @@ class PdFlow:
         decode_gate: AdmissionGate | None = None,
         endpoint_load: EndpointLoad | None = None,
         kv_lease_s: float = 30.0,
-        whole_on_prefillers: Callable[[], bool] = lambda: False,
+        prefiller_fallback: Callable[[], int | None] = lambda: None,
     ):
         self._session = session
-        self._whole_on_prefillers = whole_on_prefillers  # the policy lets prefill-pool workers run whole requests
+        # Where a split's prefiller may serve the request whole after a failed decode hop: the
+        # tokens it then computes (its prefix cache holds the rest of the prompt); None where it
+        # may not (the static split) or its cache is not known to be on (prefix-aware routing off).
+        self._prefiller_fallback = prefiller_fallback
         self._kv_lease_duration_s = kv_lease_s
         self._prefill = prefill
         self._decode = decode
@@ -250,12 +254,16 @@ class PdFlow:
             if stream is not None:
                 return stream
             self._metrics.fallbacks.labels(reason.value).inc()
-            # After a failed decode hop the prefiller holds the whole prompt in its prefix cache:
-            # where the policy allows, the request runs whole there, computing one token.
-            holder = ctx.prefilled_on if OUTCOMES[reason].prefilled and self._whole_on_prefillers() else None
+            # After a failed decode hop the split's prefiller holds the prompt in its prefix
+            # cache: where that may serve it (_prefiller_fallback), the request is tried whole
+            # there first (_direct), computing the prompt's last block instead of all of it.
+            tokens = self._prefiller_fallback() if OUTCOMES[reason].prefilled else None
+            holder = ctx.prefilled_on = ctx.prefilled_on if tokens is not None else None
+            if holder is not None and tokens is not None:
+                ctx.prefilled_tokens = min(tokens, ctx.num_prompt_tokens)
             log.warning("request %s: falling back to the direct path (%s)%s", ctx.request_id, reason.value,
-                        f", first on {holder.name}, which holds its prefix" if holder is not None else "")
-            stream = await self._admitted_to_decode(self._direct(ctx, FALLBACK, first=holder), ctx.tenant, ctx.trace)
+                        f", first on {holder.name}, which holds its prompt" if holder is not None else "")
+            stream = await self._admitted_to_decode(self._direct(ctx, FALLBACK), ctx.tenant, ctx.trace)
             stream.fallback_reason = reason.value
             return stream
         return await self._admitted_to_decode(self._direct(ctx, Path.DIRECT.value, first=ctx.decision.decode), ctx.tenant,
@@ -443,8 +451,12 @@ class PdFlow:
 
     async def _direct(self, ctx: RequestContext, path_label: str, first: Worker | None = None) -> UpstreamStream:
         """The whole request on one worker: ``first`` (planned, of either pool) if still usable,
-        else — and for every retry — a decoder. A fallback's ``first`` (the split's prefiller)
-        that misses its first-token deadline is retried on a decoder, as an error would be."""
+        else — and for every retry — a decoder. A fallback tries the split's prefiller first
+        (``ctx.prefilled_on``), outside the attempts."""
+        if ctx.prefilled_on is not None:
+            stream = await self._on_prefiller(ctx, ctx.prefilled_on, path_label)
+            if stream is not None:
+                return stream
         tried: set[str] = set()
         retry = self._spec.retry
         for attempt in range(retry.maxAttempts):
@@ -465,11 +477,6 @@ class PdFlow:
                 )
             except _Stall:
                 worker.breaker.record_failure("no first token before the direct-path deadline")
-                if worker is ctx.prefilled_on and attempt < retry.maxAttempts - 1:
-                    self._metrics.retries.labels("decode").inc()
-                    log.warning("request %s: no first token from %s, which prefilled it; retrying on a decoder",
-                                ctx.request_id, worker.name)
-                    continue
                 raise worker_timeout(
                     "decode", worker.name, f"before the first token ({self._spec.directFirstTokenTimeoutS:.0f}s)"
                 ) from None
@@ -479,6 +486,24 @@ class PdFlow:
                 self._metrics.retries.labels("decode").inc()
                 log.warning("request %s: %s; retrying (attempt %d of %d)", ctx.request_id, error.message, attempt + 2, retry.maxAttempts)
         raise AssertionError("unreachable")
+
+    async def _on_prefiller(self, ctx: RequestContext, worker: Worker, path_label: str) -> UpstreamStream | None:
+        """The request whole on the prefiller that just computed its prompt (its prefix cache
+        holds it), if still usable; None if it is not, or fails, or has no first token within
+        the decode hop's deadline (it has one block to compute): a decoder then serves it."""
+        if worker not in self._prefill.available(ctx.tenant):
+            return None
+        self._prefill.claim(worker, with_pool_breaker=False)
+        try:
+            return await self._open(ctx, worker, decode_body(ctx.body, None, with_token_ids=self._with_token_ids),
+                                    self._spec.decodeFirstTokenTimeoutS, path_label)
+        except (_Stall, ApiError) as exc:  # _open told the worker's breaker what it learnt
+            if isinstance(exc, ApiError) and exc.status < 500:
+                raise  # the request itself was refused: a decoder would refuse it too
+            self._metrics.retries.labels(worker.pool).inc()
+            log.warning("request %s: %s, which prefilled it, did not serve it whole (%s); on a decoder",
+                        ctx.request_id, worker.name, "no first token in time" if isinstance(exc, _Stall) else exc.message)
+            return None
 
     async def continue_on(
         self, ctx: RequestContext, body: dict[str, Any], exclude: frozenset[str], path_label: str
@@ -517,7 +542,8 @@ class PdFlow:
         expected_tokens = ctx.max_output_tokens or (round(self._endpoint_load.output_tokens.value) if self._endpoint_load else 16)
         # The split's own prefiller, run whole after a failed decode hop, computes one token:
         # its prefix cache holds the prompt.
-        computed = 1 if worker is ctx.prefilled_on else ctx.decision.prefill_tokens(worker, ctx.num_prompt_tokens)
+        computed = (ctx.prefilled_tokens if worker is ctx.prefilled_on
+                    else ctx.decision.prefill_tokens(worker, ctx.num_prompt_tokens))
         ticket = worker.load.begin_prefill(computed, expected_tokens) if is_whole else None
         hop = ctx.trace.start("whole_hop" if is_whole else "decode_hop", client=True, **{"dpd.worker": worker.name})
         try:

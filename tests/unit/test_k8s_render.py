@@ -578,3 +578,16 @@ def test_every_services_ports_are_distinct(example):
     for service in (o for o in render(yaml.safe_load(example.read_text())) if o["kind"] == "Service"):
         ports = [p["port"] for p in service["spec"]["ports"]]
         assert len(ports) == len(set(ports)), service["metadata"]["name"]
+
+
+def test_the_routers_resources_are_its_own_when_set():
+    document = yaml.safe_load(Path("examples/minimal.yaml").read_text())
+
+    def router_resources(doc: dict) -> dict:
+        router = by_kind(render(doc), "Deployment", "-router")
+        return router["spec"]["template"]["spec"]["containers"][0]["resources"]
+
+    assert router_resources(document) == {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "4Gi"}}
+    wanted = {"requests": {"cpu": "4", "memory": "8Gi"}, "limits": {"memory": "16Gi"}}
+    document["spec"].setdefault("pdSpec", {}).setdefault("router", {})["resources"] = wanted
+    assert router_resources(document) == wanted

@@ -217,32 +217,63 @@ def split_every_request(router: Router) -> None:
                                                              decode=d, computed_tokens=4)
 
 
-async def test_after_a_decode_stall_the_adaptive_policy_runs_it_whole_on_its_prefiller(make_router):
+PREFIX_AWARE = {"enabled": True, "blockSize": 16}
+
+
+def recorded_prefill_tokens(worker) -> list[int]:
+    """The token counts ``worker``'s load is told each prefill computes, from now on."""
+    counts: list[int] = []
+    begin = worker.load.begin_prefill
+
+    def recording(num_tokens, *args, **kwargs):
+        counts.append(num_tokens)
+        return begin(num_tokens, *args, **kwargs)
+
+    worker.load.begin_prefill = recording
+    return counts
+
+
+@pytest.mark.parametrize("decode_kw, reason", [({"first_token_delay_s": 1.0}, "decode_stall"),
+                                               ({"num_decode_failures": 1}, "decode_error")])
+async def test_after_a_failed_decode_hop_the_adaptive_policy_serves_it_on_its_prefiller(make_router, decode_kw, reason):
+    prefill, decode = ScriptedWorker(), ScriptedWorker(**decode_kw)
+    client = await make_router(prefill, decode, policy="adaptive", decodeFirstTokenTimeoutS=0.2, prefixAware=PREFIX_AWARE)
+    router = client.router  # type: ignore[attr-defined]
+    split_every_request(router)
+    counts = recorded_prefill_tokens(router.prefill.workers[0])
+    prompt = " ".join(f"w{i}" for i in range(200))
+    resp = await client.post("/v1/completions", json={**BODY, "prompt": prompt, "stream": True})
+    assert resp.status_code == 200 and resp.headers["x-dpd-fallback"] == reason
+    # its prefix cache holds the prompt: the whole request runs there, no decoder recomputes it
+    assert resp.headers["x-dpd-workers"] == router.prefill.workers[0].name
+    assert [bool(b.get("kv_transfer_params")) for b in prefill.bodies] == [True, False]
+    assert len(decode.bodies) == 1  # the failed decode hop only
+    assert counts == [4, 16]  # the split's planned tokens, then one block of the cached prompt
+
+
+async def test_a_prefiller_that_misses_the_decode_deadline_too_leaves_it_to_a_decoder(make_router):
+    prefill = ScriptedWorker(direct_first_token_delay_s=1.0)
+    decode = ScriptedWorker(first_token_delay_s=1.0)
+    client = await make_router(prefill, decode, policy="adaptive", decodeFirstTokenTimeoutS=0.2,
+                               prefixAware=PREFIX_AWARE, retry={"maxAttempts": 1})
+    router = client.router  # type: ignore[attr-defined]
+    split_every_request(router)
+    resp = await client.post("/v1/completions", json={**BODY, "stream": True})
+    assert resp.status_code == 200 and resp.headers["x-dpd-fallback"] == "decode_stall"
+    assert resp.headers["x-dpd-workers"] == router.decode.workers[0].name  # outside the attempts: maxAttempts 1
+    assert metric((await client.get("/metrics")).text, 'dpd_retries_total{pool="prefill"}') == 1
+    assert router.prefill.workers[0].breaker.state is BreakerState.CLOSED  # a slow answer, no failure
+
+
+async def test_without_prefix_aware_routing_a_fallback_recomputes_on_a_decoder(make_router):
+    """Nothing says the prefiller's prefix cache is on (the ladder runs workers without it)."""
     prefill, decode = ScriptedWorker(), ScriptedWorker(first_token_delay_s=1.0)
     client = await make_router(prefill, decode, policy="adaptive", decodeFirstTokenTimeoutS=0.2)
     router = client.router  # type: ignore[attr-defined]
     split_every_request(router)
     resp = await client.post("/v1/completions", json={**BODY, "stream": True})
-    assert resp.status_code == 200 and resp.headers["x-dpd-fallback"] == "decode_stall"
-    # its prefix cache holds the prompt: the whole request runs there, no decoder recomputes it
-    assert resp.headers["x-dpd-workers"] == router.prefill.workers[0].name
-    assert [bool(b.get("kv_transfer_params")) for b in prefill.bodies] == [True, False]
-    assert len(decode.bodies) == 1  # the stalled decode hop only
-    # and it is counted as one token computed, never as a prefill-rate sample of the whole prompt
-    assert router.prefill.workers[0].load.prefill_rate.num_samples == 0
-
-
-async def test_a_prefiller_that_stalls_the_fallback_too_is_retried_on_a_decoder(make_router):
-    prefill = ScriptedWorker(direct_first_token_delay_s=1.0)
-    decode = ScriptedWorker(first_token_delay_s=1.0)
-    client = await make_router(prefill, decode, policy="adaptive", decodeFirstTokenTimeoutS=0.2,
-                               directFirstTokenTimeoutS=0.3)
-    router = client.router  # type: ignore[attr-defined]
-    split_every_request(router)
-    resp = await client.post("/v1/completions", json={**BODY, "stream": True})
-    assert resp.status_code == 200 and resp.headers["x-dpd-fallback"] == "decode_stall"
-    assert resp.headers["x-dpd-workers"] == router.decode.workers[0].name
-    assert metric((await client.get("/metrics")).text, 'dpd_retries_total{pool="decode"}') == 1
+    assert resp.headers["x-dpd-fallback"] == "decode_stall"
+    assert resp.headers["x-dpd-workers"] == router.decode.workers[0].name and len(prefill.bodies) == 1
 
 
 async def test_the_static_split_falls_back_on_a_decoder_only(make_router):
