@@ -55,7 +55,7 @@ step ladder-trace "$DPD" bench ladder --workloads trace --max-prompt-tokens 384 
 step ladder-synthetic "$DPD" bench ladder --workloads synthetic --synthetic-rates 1.25,2.5,3.75 \
     --rounds 2 --windows 2 --out "$OUT/ladder-synthetic"
 # 2. Prefix-aware routing on agent sessions, four workers per endpoint.
-step prefix "$DPD" bench run --workload sessions --session-turns 8 --workers-per-pool 2 \
+step prefix "$DPD" bench run --workload sessions --session-turns 16 --workers-per-pool 2 \
     --scenarios colocated,colocated-prefix,dpd-adaptive,dpd-prefix --rates 0.25 --compare-at 0 \
     --duration 420 --max-prompt-tokens 2048 --max-output-tokens 32 --out "$OUT/prefix"
 # 3. Our client against `vllm bench serve` on the same schedules.

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dpd.bench.ladder import LadderSpec, at_rate, request_set
-from dpd.bench.stats import RequestRecord, percentile, weighted_percentile
+from dpd.bench.stats import RequestRecord, bootstrap_ci, percentile, weighted_percentile
 from dpd.bench.stats import Slo as BenchSlo
 from dpd.router.adaptive import Slo
 from dpd.sim.engine import EngineProfile, SimEndpoint
@@ -36,6 +36,9 @@ class Comparison:
     ttft_p50: tuple[float, float]  # (predicted, measured)
     ttft_p99: tuple[float, float]
     itl_p99: tuple[float, float]
+    # the measured figures' own 95% bootstrap intervals over the run's requests: how far the
+    # measurement itself could have landed (a P99 of 100 requests is its top one or two)
+    measured_intervals: tuple[tuple[float, float], ...] = ()
 
     @property
     def attainment_error_points(self) -> float:
@@ -85,10 +88,20 @@ def _load(results_path: str | Path) -> _Ladder:
 
 
 def check(results_path: str | Path, profile: EngineProfile) -> list[Comparison]:
-    return _compare(_load(results_path), profile)
+    return _compare(_load(results_path), profile, with_intervals=True)
 
 
-def _compare(ladder: _Ladder, profile: EngineProfile) -> list[Comparison]:
+def _measured_intervals(records: list[RequestRecord]) -> tuple[tuple[float, float], ...]:
+    """95% bootstrap intervals (over requests) of the measured TTFT P50, P99 and ITL P99."""
+    ttft = [r.ttft_s if r.is_ok else float("inf") for r in records]
+    gaps = [r.itls_s if r.is_ok else [] for r in records]
+    n = len(records)
+    return (bootstrap_ci(lambda idx: percentile([ttft[i] for i in idx], 0.5), n),
+            bootstrap_ci(lambda idx: percentile([ttft[i] for i in idx], 0.99), n),
+            bootstrap_ci(lambda idx: percentile([g for i in idx for g in gaps[i]], 0.99), n, num_resamples=400))
+
+
+def _compare(ladder: _Ladder, profile: EngineProfile, *, with_intervals: bool = False) -> list[Comparison]:
     spec = ladder.spec
     slo = Slo(spec.slo.ttft_s, spec.slo.tpot_s)
     # What the adaptive policy planned against: the ladder's own settings where it ran with any.
@@ -113,6 +126,7 @@ def _compare(ladder: _Ladder, profile: EngineProfile) -> list[Comparison]:
             (percentile(sim_ttft, 0.5), percentile(measured_ttft, 0.5)),
             (percentile(sim_ttft, 0.99), percentile(measured_ttft, 0.99)),
             (weighted_percentile(sim_gaps, 0.99), percentile(measured_itl, 0.99)),
+            _measured_intervals(records) if with_intervals else (),
         ))
     return out
 
@@ -142,13 +156,43 @@ def _ratio(pair: tuple[float, float]) -> str:
     return f"{predicted / measured:.2f}×"
 
 
+def within(pair: tuple[float, float], share: float = 0.2) -> bool:
+    """The prediction within ``share`` of the measured figure."""
+    predicted, measured = pair
+    return bool(measured) and measured == measured and abs(predicted / measured - 1) <= share
+
+
+def inside(pair: tuple[float, float], interval: tuple[float, float]) -> bool:
+    """The prediction inside the measured figure's own interval."""
+    low, high = interval
+    return low <= pair[0] <= high
+
+
+def _latency(pair: tuple[float, float], interval: tuple[float, float] | None) -> str:
+    if interval is None:
+        return _ratio(pair)
+    mark = " (in its interval)" if inside(pair, interval) and not within(pair) else ""
+    return _ratio(pair) + mark
+
+
 def table(rows: list[Comparison]) -> str:
     lines = ["| workload | scenario | rate (req/s) | attainment predicted / measured (Δ points) | TTFT P50 pred ÷ meas | "
              "TTFT P99 pred ÷ meas | ITL P99 pred ÷ meas |", "|---|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: (r.workload, r.scenario, r.rate_rps)):
+        intervals: tuple = r.measured_intervals or (None, None, None)
         lines.append(f"| {r.workload} | {r.scenario} | {r.rate_rps:g} | {r.predicted_attainment:.0%} / "
-                     f"{r.measured_attainment:.0%} ({r.attainment_error_points:+.0f}) | {_ratio(r.ttft_p50)} | "
-                     f"{_ratio(r.ttft_p99)} | {_ratio(r.itl_p99)} |")
-    within = sum(abs(r.attainment_error_points) <= 10 for r in rows)
-    lines.append(f"\nAttainment within 10 points in {within} of {len(rows)} runs.")
+                     f"{r.measured_attainment:.0%} ({r.attainment_error_points:+.0f}) | "
+                     + " | ".join(_latency(pair, interval) for pair, interval
+                                  in zip((r.ttft_p50, r.ttft_p99, r.itl_p99), intervals)) + " |")
+    met = sum(abs(r.attainment_error_points) <= 10 for r in rows)
+    lines.append(f"\nAttainment within 10 points in {met} of {len(rows)} runs.")
+    for name, pick in (("TTFT P50", 0), ("TTFT P99", 1), ("ITL P99", 2)):
+        pairs = [((r.ttft_p50, r.ttft_p99, r.itl_p99)[pick], r.measured_intervals) for r in rows]
+        close = sum(within(pair) for pair, _ in pairs)
+        line = f"{name} within 20% of measured in {close} of {len(rows)} runs"
+        if all(intervals for _, intervals in pairs):
+            agree = sum(within(pair) or inside(pair, intervals[pick]) for pair, intervals in pairs)
+            line += (f"; within 20% or inside the measured figure's own 95% interval (bootstrap over the run's "
+                     f"requests) in {agree}")
+        lines.append(line + ".")
     return "\n".join(lines)

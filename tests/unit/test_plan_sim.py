@@ -202,6 +202,22 @@ def test_the_simulator_is_checked_against_a_ladders_runs(tmp_path):
     assert all(r.measured_attainment == 1.0 and 0 <= r.predicted_attainment <= 1 for r in rows)
     assert rows[0].ttft_p50[1] == pytest.approx(5.5)  # the measured median of 1..10 s
     assert "Attainment within 10 points in" in table(rows)
+    low, high = rows[0].measured_intervals[0]  # the measured median's own interval holds it
+    assert low <= 5.5 <= high and low < high
+    assert "inside the measured figure's own 95% interval" in table(rows)
+
+
+def test_a_prediction_agrees_within_20_percent_or_inside_the_measured_interval():
+    from dpd.sim.check import Comparison, inside, table, within
+
+    assert within((1.15, 1.0)) and within((0.85, 1.0)) and not within((0.7, 1.0)) and not within((1.0, 0.0))
+    assert inside((0.7, 1.0), (0.6, 1.4)) and not inside((0.5, 1.0), (0.6, 1.4))
+    rows = [Comparison("w", "colocated", 1.0, 1.0, 1.0, (0.7, 1.0), (2.0, 1.0), (1.0, 1.0),
+                       ((0.6, 1.4), (0.9, 1.1), (0.9, 1.1)))]
+    text = table(rows)
+    assert "0.70× (in its interval)" in text and "| 2.00× |" in text
+    assert "TTFT P50 within 20% of measured in 0 of 1 runs; within 20% or inside" in text and "interval (bootstrap over the run's requests) in 1" in text
+    assert "TTFT P99 within 20% of measured in 0 of 1 runs; within 20% or inside" in text
 
 
 def test_the_check_simulates_the_adaptive_settings_the_ladder_ran_with(tmp_path, monkeypatch):
