@@ -392,8 +392,8 @@ class RouterSpec(_Frozen):
         "drain locally; on a cluster the workers' `--shutdown-timeout` (vLLM drains on SIGTERM)."
     )
     resources: ResourceRequirements | None = Field(
-        default=None, description="The router pod's requests and limits on a cluster (unset: 1 CPU and 1Gi requested, "
-        "a 4Gi memory limit); not used locally."
+        default=None, description="The router pod's requests and limits on a cluster, each over the defaults (1 CPU and "
+        "1Gi requested, a 4Gi memory limit): what it sets replaces a default, what it leaves out keeps it; not used locally."
     )
     adminKeySha256: str | None = Field(
         default=None,

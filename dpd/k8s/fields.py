@@ -29,7 +29,7 @@ CLUSTER_NOTES = {
     "nodeSelector": "The pods' nodeSelector (e.g. a GPU product label).",
     "resources": "The worker container's resources: `cpu`, `memory`, `nvidia.com/gpu`, RDMA (`rdma/...`) or EFA "
     "(`vpc.amazonaws.com/efa`) devices. Device requests are copied to limits; RDMA/EFA adds the IPC_LOCK capability.",
-    "pdSpec.router.resources": "Copied as is to the router container.",
+    "pdSpec.router.resources": "Merged over the router container's defaults.",
     "resources.requests": "Kubernetes resource requests.",
     "resources.limits": "Kubernetes resource limits.",
     "tensorParallelSize": "vLLM's `--tensor-parallel-size`; request as many GPUs.",

@@ -48,8 +48,18 @@ VLLM_GPU_IMAGE = "vllm/vllm-openai:v0.32.0"
 # The router's unless ``router.resources`` says otherwise. A memory limit too: a namespace whose
 # quota asks for one admits the pod (a router holds a tokenizer, its prefix index and its
 # connections: well under this).
-ROUTER_RESOURCES = {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "4Gi"}}
-ROUTER_TEARDOWN_S = 5  # after the drain, for the process to exit before the kubelet's SIGKILL
+ROUTER_RESOURCES: dict[str, dict[str, str | int]] = {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "4Gi"}}
+ROUTER_TEARDOWN_S = 5
+
+
+def router_resources(given: Any) -> dict[str, dict[str, str | int]]:
+    """``router.resources`` (a ``ResourceRequirements`` or None) over ``ROUTER_RESOURCES``, key by
+    key: what it sets replaces the default, what it leaves out keeps it (the memory limit too)."""
+    out = copy.deepcopy(ROUTER_RESOURCES)
+    if given is not None:
+        out["requests"].update(given.requests)
+        out["limits"].update(given.limits)
+    return {kind: values for kind, values in out.items() if values}  # after the drain, for the process to exit before the kubelet's SIGKILL
 CONFIG_PATH = "/etc/dpd/config/config.yaml"
 SECRETS_PATH = "/etc/dpd/secrets/secrets.yaml"
 METRICS_LABEL = "dpd.dev/metrics"
@@ -268,8 +278,7 @@ def _router_template(config: InferenceEndpointConfig, n: dict[str, str], images:
         "env": env,
         "ports": [{"name": "http", "containerPort": router.port, "protocol": "TCP"},
                   {"name": "metrics", "containerPort": metrics_port(config), "protocol": "TCP"}],
-        "resources": (router.resources.model_dump(exclude_defaults=True) if router.resources is not None
-                      else copy.deepcopy(ROUTER_RESOURCES)),
+        "resources": router_resources(router.resources),
         # /health is 200 only while a decoder is healthy: right for readiness (no traffic to a
         # router that can serve nothing), wrong for liveness (restarting it would not help).
         "readinessProbe": {"httpGet": {"path": "/health", "port": "http", **({"scheme": "HTTPS"} if tls else {})},

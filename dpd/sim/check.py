@@ -4,15 +4,17 @@ beside measured — the accuracy figures of ``dpd plan`` (docs/planning.md, BENC
 
 ``dpd plan --check LADDER_RESULTS --profile P`` prints one row per run: SLO attainment
 predicted and measured (and the difference, in points), P50 and P99 TTFT and P99 ITL as
-predicted ÷ measured. The endpoint simulated is the ladder's: one prefill and one decode
-worker (two colocated workers for ``colocated``), the static split at the ladder's threshold
-(``dpd``), the adaptive policy at its floor (``dpd-adaptive``), with the ladder's stall limit, stall
-weight and TTFT target where it set them.
+predicted ÷ measured — marked where a miss past 20% still falls inside the measured figure's own
+95% interval (bootstrap over the run's requests), and counted both ways at the end. The endpoint
+simulated is the ladder's: one prefill and one decode worker (two colocated workers for
+``colocated``), the static split at the ladder's threshold (``dpd``), the adaptive policy at its
+floor (``dpd-adaptive``), with the ladder's stall limit, stall weight and TTFT target where it set them.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -109,6 +111,8 @@ def _compare(ladder: _Ladder, profile: EngineProfile, *, with_intervals: bool = 
                   spec.slo.tpot_s)
     out = []
     for run in ladder.runs:
+        if not run.records:  # nothing measured: nothing to compare
+            continue
         policy = POLICY[run.scenario]
         floor = spec.adaptive_floor_tokens if policy == "adaptive" else spec.threshold_tokens
         sim = SimEndpoint(policy, num_prefill=1, num_decode=1, threshold_tokens=floor, profile=profile, slo=planned,
@@ -163,9 +167,10 @@ def within(pair: tuple[float, float], share: float = 0.2) -> bool:
 
 
 def inside(pair: tuple[float, float], interval: tuple[float, float]) -> bool:
-    """The prediction inside the measured figure's own interval."""
+    """The prediction inside the measured figure's own interval — never where the measured
+    figure or the interval's top is infinite (failed requests count as infinite TTFTs)."""
     low, high = interval
-    return low <= pair[0] <= high
+    return math.isfinite(pair[1]) and math.isfinite(high) and low <= pair[0] <= high
 
 
 def _latency(pair: tuple[float, float], interval: tuple[float, float] | None) -> str:

@@ -591,3 +591,8 @@ def test_the_routers_resources_are_its_own_when_set():
     wanted = {"requests": {"cpu": "4", "memory": "8Gi"}, "limits": {"memory": "16Gi"}}
     document["spec"].setdefault("pdSpec", {}).setdefault("router", {})["resources"] = wanted
     assert router_resources(document) == wanted
+    # what it leaves out keeps its default: an empty object drops no limit a quota may need
+    document["spec"]["pdSpec"]["router"]["resources"] = {"requests": {"cpu": "2"}}
+    assert router_resources(document) == {"requests": {"cpu": "2", "memory": "1Gi"}, "limits": {"memory": "4Gi"}}
+    document["spec"]["pdSpec"]["router"]["resources"] = {}
+    assert router_resources(document) == {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "4Gi"}}

@@ -207,11 +207,23 @@ def test_the_simulator_is_checked_against_a_ladders_runs(tmp_path):
     assert "inside the measured figure's own 95% interval" in table(rows)
 
 
+def test_a_run_with_nothing_measured_is_left_out_of_the_check(tmp_path):
+    from dpd.bench.ladder import LadderSpec
+    from dpd.bench.stats import Slo as BenchSlo
+    from dpd.sim.check import check
+
+    spec = LadderSpec(trace_dir="/nowhere", rates_rps=(0.5,), slo=BenchSlo(10, 0.2), workloads=("synthetic",),
+                      num_requests=10, max_prompt_tokens=512)
+    assert check(_ladder_results(tmp_path, spec, [], ("colocated",), 0.5), EngineProfile()) == []
+
+
 def test_a_prediction_agrees_within_20_percent_or_inside_the_measured_interval():
     from dpd.sim.check import Comparison, inside, table, within
 
     assert within((1.15, 1.0)) and within((0.85, 1.0)) and not within((0.7, 1.0)) and not within((1.0, 0.0))
     assert inside((0.7, 1.0), (0.6, 1.4)) and not inside((0.5, 1.0), (0.6, 1.4))
+    # failed requests make a measured P99 (or its interval's top) infinite: no agreement there
+    assert not inside((5.0, 1.0), (0.6, float("inf"))) and not inside((5.0, float("inf")), (0.6, 9.0))
     rows = [Comparison("w", "colocated", 1.0, 1.0, 1.0, (0.7, 1.0), (2.0, 1.0), (1.0, 1.0),
                        ((0.6, 1.4), (0.9, 1.1), (0.9, 1.1)))]
     text = table(rows)
