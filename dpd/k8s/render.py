@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from dpd.config.load import parse_config
-from dpd.config.model import CLUSTER_TLS_DIR, InferenceEndpointConfig
+from dpd.config.model import CLUSTER_TLS_DIR, InferenceEndpointConfig, ResourceRequirements
 from dpd.k8s.autoscaling import POOL_KEYS, PoolAutoscaling, RenderError, hpa, parse_autoscaling
 from dpd.k8s.monitoring import dashboard_config_map, prometheus_rule, service_monitor
 from dpd.k8s.security import POD_SECURITY, container_security
@@ -45,21 +45,11 @@ from dpd.router.app import WORKER_KEY_ENV
 
 DPD_IMAGE = "dpd:0.1.0"
 VLLM_GPU_IMAGE = "vllm/vllm-openai:v0.32.0"
+ROUTER_TEARDOWN_S = 5  # after the drain, for the process to exit before the kubelet's SIGKILL
 # The router's unless ``router.resources`` says otherwise. A memory limit too: a namespace whose
 # quota asks for one admits the pod (a router holds a tokenizer, its prefix index and its
 # connections: well under this).
 ROUTER_RESOURCES: dict[str, dict[str, str | int]] = {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "4Gi"}}
-ROUTER_TEARDOWN_S = 5
-
-
-def router_resources(given: Any) -> dict[str, dict[str, str | int]]:
-    """``router.resources`` (a ``ResourceRequirements`` or None) over ``ROUTER_RESOURCES``, key by
-    key: what it sets replaces the default, what it leaves out keeps it (the memory limit too)."""
-    out = copy.deepcopy(ROUTER_RESOURCES)
-    if given is not None:
-        out["requests"].update(given.requests)
-        out["limits"].update(given.limits)
-    return {kind: values for kind, values in out.items() if values}  # after the drain, for the process to exit before the kubelet's SIGKILL
 CONFIG_PATH = "/etc/dpd/config/config.yaml"
 SECRETS_PATH = "/etc/dpd/secrets/secrets.yaml"
 METRICS_LABEL = "dpd.dev/metrics"
@@ -254,6 +244,16 @@ def _deployment(config: InferenceEndpointConfig, name: str, component: str, temp
     # Workers are replaced one at a time, and a new one must be ready before an old one goes.
     spec["strategy"] = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(config, name, component, match), "spec": spec}
+
+
+def router_resources(given: ResourceRequirements | None) -> dict[str, dict[str, str | int]]:
+    """``router.resources`` over ``ROUTER_RESOURCES``, key by key: what it sets replaces the
+    default, what it leaves out keeps it (the memory limit too)."""
+    out = copy.deepcopy(ROUTER_RESOURCES)
+    if given is not None:
+        out["requests"].update(given.requests)
+        out["limits"].update(given.limits)
+    return {kind: values for kind, values in out.items() if values}
 
 
 def _router_template(config: InferenceEndpointConfig, n: dict[str, str], images: dict[str, str], public: dict, secrets: dict) -> dict:

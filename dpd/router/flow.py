@@ -258,9 +258,11 @@ class PdFlow:
             # cache: where that may serve it (_prefiller_fallback), the request is tried whole
             # there first (_direct), computing the prompt's last block instead of all of it.
             tokens = self._prefiller_fallback() if OUTCOMES[reason].prefilled else None
-            holder = ctx.prefilled_on = ctx.prefilled_on if tokens is not None else None
-            if holder is not None and tokens is not None:
+            if tokens is None:
+                ctx.prefilled_on = None  # a decoder recomputes the prompt
+            else:
                 ctx.prefilled_tokens = min(tokens, ctx.num_prompt_tokens)
+            holder = ctx.prefilled_on
             log.warning("request %s: falling back to the direct path (%s)%s", ctx.request_id, reason.value,
                         f", first on {holder.name}, which holds its prompt" if holder is not None else "")
             stream = await self._admitted_to_decode(self._direct(ctx, FALLBACK), ctx.tenant, ctx.trace)
@@ -540,8 +542,8 @@ class PdFlow:
         stream: UpstreamStream | None = None
         is_whole = "kv_transfer_params" not in body  # the worker prefills too
         expected_tokens = ctx.max_output_tokens or (round(self._endpoint_load.output_tokens.value) if self._endpoint_load else 16)
-        # The split's own prefiller, run whole after a failed decode hop, computes one token:
-        # its prefix cache holds the prompt.
+        # The split's own prefiller, run whole after a failed decode hop, computes the prompt's
+        # last block: its prefix cache holds the rest.
         computed = (ctx.prefilled_tokens if worker is ctx.prefilled_on
                     else ctx.decision.prefill_tokens(worker, ctx.num_prompt_tokens))
         ticket = worker.load.begin_prefill(computed, expected_tokens) if is_whole else None

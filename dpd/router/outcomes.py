@@ -38,9 +38,9 @@ class Verdict(Enum):
 class OutcomeRule:
     pool_breaker: Verdict
     falls_back: bool  # the request is served direct instead
-    # The prefill hop succeeded, so its worker's prefix cache holds the whole prompt: where the
-    # policy lets prefill-pool workers run whole requests (adaptive), the fallback runs there
-    # and computes one token instead of the prompt (``PdFlow.open``).
+    # The prefill hop succeeded, so its worker's prefix cache holds the whole prompt: under the
+    # adaptive policy with prefix-aware routing, the fallback is tried there first and computes
+    # the last block instead of the prompt (``PdFlow.open``).
     prefilled: bool = False
 
 

@@ -43,6 +43,11 @@ class Comparison:
     measured_intervals: tuple[tuple[float, float], ...] = ()
 
     @property
+    def latencies(self) -> tuple[tuple[float, float], ...]:
+        """TTFT P50, TTFT P99, ITL P99: each (predicted, measured), in ``measured_intervals``' order."""
+        return self.ttft_p50, self.ttft_p99, self.itl_p99
+
+    @property
     def attainment_error_points(self) -> float:
         return 100 * (self.predicted_attainment - self.measured_attainment)
 
@@ -188,11 +193,11 @@ def table(rows: list[Comparison]) -> str:
         lines.append(f"| {r.workload} | {r.scenario} | {r.rate_rps:g} | {r.predicted_attainment:.0%} / "
                      f"{r.measured_attainment:.0%} ({r.attainment_error_points:+.0f}) | "
                      + " | ".join(_latency(pair, interval) for pair, interval
-                                  in zip((r.ttft_p50, r.ttft_p99, r.itl_p99), intervals)) + " |")
+                                  in zip(r.latencies, intervals)) + " |")
     met = sum(abs(r.attainment_error_points) <= 10 for r in rows)
     lines.append(f"\nAttainment within 10 points in {met} of {len(rows)} runs.")
     for name, pick in (("TTFT P50", 0), ("TTFT P99", 1), ("ITL P99", 2)):
-        pairs = [((r.ttft_p50, r.ttft_p99, r.itl_p99)[pick], r.measured_intervals) for r in rows]
+        pairs = [(r.latencies[pick], r.measured_intervals) for r in rows]
         close = sum(within(pair) for pair, _ in pairs)
         line = f"{name} within 20% of measured in {close} of {len(rows)} runs"
         if all(intervals for _, intervals in pairs):
