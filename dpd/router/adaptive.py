@@ -50,6 +50,7 @@ import heapq
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any, NamedTuple
 
 from dpd.router.decide import Decision, Path, Reason, checked_threshold
 from dpd.router.load import EndpointLoad, share_above
@@ -80,13 +81,38 @@ class Slo:
 
 @dataclass(slots=True)
 class Scored:  # not frozen: scored for every plan of every decision, and never changed
-    decision: Decision
+    # The plan: a Decision is made only for the one chosen (``_with_reason``), not for each of
+    # the P × D plans scored.
+    path: Path
+    decode: Worker
+    prefill: Worker | None
+    computed_tokens: int
+    cached_tokens: int | None
     ttft_s: float
     misses: float  # SLO misses predicted (expected): its own TTFT and TPOT, the streams its prefill pushes past theirs
     score: float
     harm_misses: float = 0  # of ``misses``, the other streams'
     harm_s: float = 0.0  # the stall the prefill inflicts on the other streams, summed
     decode_wait_s: float = 0.0  # a split's decode hop: the decoder's queued prefills it waits for
+
+
+class _Prefilling(NamedTuple):
+    """What a plan's prefill on one worker costs, wherever it decodes (``_prefilling``)."""
+
+    ttft_miss: float  # the chance its TTFT misses the target
+    ttft_risk: float  # the share of the TTFT target it uses, weighted
+    pushed: int  # streams on the prefilling worker pushed past their TPOT
+    harm_risk: float  # the share of the other streams' slack it uses up, summed
+    harm_s: float  # the stall it inflicts on them, summed
+
+
+class _Decoding(NamedTuple):
+    """What a plan's new stream on one worker starts from, whatever stall it is exposed to."""
+
+    worker: Worker
+    rate: float  # the worker's decode rate, tokens/s
+    slack: float  # the stream's TPOT budget beyond decoding at that rate, seconds
+    tie_break: float  # equal plans go to the less crowded worker
 
 
 class AdaptiveDecider:
@@ -151,11 +177,9 @@ class AdaptiveDecider:
         # would wait for the decoder's own queued prefills past its first-token deadline, would
         # time out, fall back and count against the breakers (a flapping prefill-pool breaker
         # then takes every split away): not a plan.
-        pairs = [(p, d) for p in candidates.prefillers for d in candidates.decoders if p is not d]
-        if not pairs:
+        if not any(p is not d for p in candidates.prefillers for d in candidates.decoders):
             return _with_reason(best_whole, Reason.PREFILL_UNAVAILABLE)
-        splits = [scored for p, d in pairs if self._prefill_s(p, n - cached.get(p, 0)) <= self.max_prefill_wait_s
-                  and (scored := self._split(p, d, n - cached.get(p, 0), m)).decode_wait_s <= self.max_decode_wait_s]
+        splits = self._splits(candidates, n, m, cached)
         if not splits:
             # No split is possible because the prefill pool, or the decoder's own prefills, are
             # backed up: a large prompt then queues whole where it does not lengthen a decoder's
@@ -178,13 +202,13 @@ class AdaptiveDecider:
             # Late on every plan: served where it costs the others least (streams pushed past
             # their TPOT, then seconds of stall), the split on a tie, where it holds up no stream.
             least = min((*splits, *wholes), key=lambda s: (s.harm_misses, round(s.harm_s, 3)))
-            if least.decision.path is Path.DISAGGREGATED:
+            if least.path is Path.DISAGGREGATED:
                 return _with_reason(least, Reason.DECODER_BUSY)
             return _with_reason(least, Reason.PREFILL_QUEUE_LONG)
         if best_split.score < best_whole.score:
             return _with_reason(best_split, Reason.DECODER_BUSY)
-        assert best_split.decision.prefill is not None
-        if best_split.decision.prefill.load.prefill_s(n) > best_whole.ttft_s + 1e-9:
+        assert best_split.prefill is not None
+        if best_split.prefill.load.prefill_s(n) > best_whole.ttft_s + 1e-9:
             return _with_reason(best_whole, Reason.PREFILL_QUEUE_LONG)
         return _with_reason(best_whole, Reason.SPLIT_NO_GAIN)
 
@@ -196,14 +220,19 @@ class AdaptiveDecider:
         k = self.max_candidates
         held = cached.get
 
-        def prefiller_keys(workers: Sequence[Worker]) -> list[tuple[float, ...]]:
+        # One pass of attribute reads (a pool of hundreds is read on every decision); with nothing
+        # cached anywhere the cache term is left out of the keys (0 for all: the same order).
+        def prefiller_keys(workers: Sequence[Worker]) -> list[Any]:
+            if not cached:
+                return [w.load.prefill_s(n) for w in workers]
             return [(-held(w, 0), w.load.prefill_s(n)) for w in workers]
 
-        def decoder_keys(workers: Sequence[Worker]) -> list[tuple[float, ...]]:
-            # One pass of attribute reads (a pool of hundreds is read on every decision).
-            return [(-held(w, 0), w.load.queued_prefill_tokens, w.load.num_streams) for w in workers]
+        def decoder_keys(workers: Sequence[Worker]) -> list[Any]:
+            if not cached:
+                return [(w.load.queued_prefill_tokens, len(w.load.streams)) for w in workers]
+            return [(-held(w, 0), w.load.queued_prefill_tokens, len(w.load.streams)) for w in workers]
 
-        def keep(workers: Sequence[Worker], keys: Callable[[Sequence[Worker]], list[tuple[float, ...]]]) -> Sequence[Worker]:
+        def keep(workers: Sequence[Worker], keys: Callable[[Sequence[Worker]], list[Any]]) -> Sequence[Worker]:
             return workers if len(workers) <= k else _k_smallest(workers, keys(workers), k)
 
         return Candidates(keep(candidates.prefillers, prefiller_keys), keep(candidates.decoders, decoder_keys),
@@ -219,12 +248,12 @@ class AdaptiveDecider:
 
     def _is_small(self, scored: Scored, n: int) -> bool:
         """A prompt whose prefill takes at most SMALL_PREFILL of the TTFT target where it would run whole."""
-        w = scored.decision.decode
-        return w is not None and n / w.load.prefill_tokens_per_s <= SMALL_PREFILL * self.slo.ttft_s
+        w = scored.decode
+        return n / w.load.prefill_tokens_per_s <= SMALL_PREFILL * self.slo.ttft_s
 
     def _may_queue_whole(self, scored: Scored, n: int, candidates: Candidates) -> bool:
-        w = scored.decision.decode
-        if w is None or w not in candidates.decoders or w.load.queued_prefill_tokens == 0:
+        w = scored.decode
+        if w not in candidates.decoders or w.load.queued_prefill_tokens == 0:
             return True
         return n / w.load.prefill_tokens_per_s <= SMALL_PREFILL * self.slo.ttft_s
 
@@ -232,32 +261,48 @@ class AdaptiveDecider:
         load = w.load
         ttft = load.prefill_s(n - cached)
         prefill_s = (n - cached) / load.prefill_tokens_per_s
-        exposure = self._future_stall_s(w, m)
-        decision = Decision(Path.DIRECT, Reason.SHORT_PROMPT, decode=w, predicted_ttft_s=ttft, cached_tokens=cached or None,
-                            computed_tokens=n - cached)
-        return self._scored(decision, ttft, exposure, w, m, prefill_s, w)
+        prefilling = self._prefilling(Path.DIRECT, ttft, prefill_s, w)
+        decoding = self._decoding(w, m)
+        return self._scored(Path.DIRECT, None, decoding, n - cached, cached or None, ttft, prefilling,
+                            self._own_stream(decoding, self._future_stall_s(w, m), m))
 
-    def _split(self, p: Worker, d: Worker, n: int, m: int) -> Scored:
-        ttft = self._prefill_s(p, n) + self.endpoint.split_overhead.value
-        prefill_s = n / p.load.prefill_tokens_per_s
-        # The decoder's queued prefills stall the stream only as far as they outlast the split's
-        # own prefill and KV pull.
-        queued_after_s = max(0.0, d.load.queued_prefill_tokens / d.load.prefill_tokens_per_s - ttft)
-        exposure = self._future_stall_s(d, m) + queued_after_s
-        decision = Decision(Path.DISAGGREGATED, Reason.DECODER_BUSY, prefill=p, decode=d, predicted_ttft_s=ttft,
-                            computed_tokens=n)  # n: what p does not hold
-        return self._scored(decision, ttft, exposure, d, m, prefill_s, p, decode_wait_s=queued_after_s)
+    def _splits(self, candidates: Candidates, n: int, m: int, cached: Mapping[Worker, int]) -> list[Scored]:
+        """Every split p → d (p-major: the first of equal scores wins, as in a list of pairs) but
+        those whose prefill would wait past the prefill hop's deadline or whose decode hop would
+        wait past its first-token deadline. What depends on one worker alone is computed once
+        per worker, not once per pair (and a decoder's cost to the new stream, once per decoder
+        while nothing queued there outlasts the split's prefill)."""
+        overhead = self.endpoint.split_overhead.value
+        decoders = []
+        for d in candidates.decoders:
+            future_stall_s, decoding = self._future_stall_s(d, m), self._decoding(d, m)
+            decoders.append((d, d.load.queued_prefill_tokens / d.load.prefill_tokens_per_s, future_stall_s, decoding,
+                             self._own_stream(decoding, future_stall_s, m)))
+        splits = []
+        for p in candidates.prefillers:
+            computed = n - cached.get(p, 0)  # what p does not hold
+            queue_s = self._prefill_s(p, computed)
+            if not queue_s <= self.max_prefill_wait_s:
+                continue
+            ttft = queue_s + overhead
+            prefilling = self._prefilling(Path.DISAGGREGATED, ttft, computed / p.load.prefill_tokens_per_s, p)
+            for d, decoder_queue_s, future_stall_s, decoding, at_rest in decoders:
+                if d is p:
+                    continue
+                # The decoder's queued prefills stall the stream only as far as they outlast the
+                # split's own prefill and KV pull.
+                queued_after_s = max(0.0, decoder_queue_s - ttft)
+                if queued_after_s <= self.max_decode_wait_s:
+                    own_stream = at_rest if queued_after_s == 0.0 else self._own_stream(decoding, future_stall_s + queued_after_s, m)
+                    splits.append(self._scored(Path.DISAGGREGATED, p, decoding, computed, None, ttft, prefilling, own_stream,
+                                               decode_wait_s=queued_after_s))
+        return splits
 
-    def _scored(self, decision: Decision, ttft: float, exposure: float, d: Worker, m: int, prefill_s: float,
-                prefiller: Worker, decode_wait_s: float = 0.0) -> Scored:
-        """Misses first, then risk: the share of each SLO budget the plan uses up (its own TTFT
-        and TPOT slack, and each running stream's TPOT slack on the worker that prefills)."""
-        own_slack = (self.slo.tpot_s - 1 / d.load.decode_tokens_per_s) * max(m - 1, 0)
+    def _prefilling(self, path: Path, ttft: float, prefill_s: float, prefiller: Worker) -> _Prefilling:
+        """The part of a plan's score that depends on where it prefills, not where it decodes."""
         # The TTFT miss is a chance: the share of this kind of plan's recent prediction errors
         # that would carry it past the target (exactly 0 or 1 until enough were measured).
-        ttft_miss = share_above(self._ttft_errors.get(decision.path), self.slo.ttft_s - ttft)
-        own_misses = ttft_miss + self._tpot_miss(exposure, own_slack, d, m)
-        own_risk = TTFT_WEIGHT * min(1.0, ttft / self.slo.ttft_s) + (min(1.0, exposure / own_slack) if own_slack > 0 else 1.0)
+        ttft_miss = share_above(self._ttft_errors.get(path), self.slo.ttft_s - ttft)
         slacks, inverse_sums = self._sorted_slacks(prefiller)
         # The streams whose slack the prefill exceeds are pushed past their TPOT; each other one
         # (with slack left) loses prefill_s / slack of it: in O(log streams) from the sorted slacks.
@@ -265,9 +310,31 @@ class AdaptiveDecider:
         if prefill_s > self.max_stall_s:
             pushed = len(slacks)  # every stream there pauses longer than the operator allows: a miss each
         harm_risk = prefill_s * inverse_sums[pushed if prefill_s > 0 else bisect.bisect_right(slacks, 0.0)]
-        misses = own_misses + pushed
-        score = MISS_COST * misses + own_risk + self.stall_weight * harm_risk + TIE_BREAK * d.load.num_streams
-        return Scored(decision, ttft, misses, score, pushed, prefill_s * len(slacks), decode_wait_s)
+        return _Prefilling(ttft_miss, TTFT_WEIGHT * min(1.0, ttft / self.slo.ttft_s), pushed, harm_risk,
+                           prefill_s * len(slacks))
+
+    def _decoding(self, d: Worker, m: int) -> _Decoding:
+        rate = d.load.decode_tokens_per_s
+        return _Decoding(d, rate, (self.slo.tpot_s - 1 / rate) * max(m - 1, 0), TIE_BREAK * len(d.load.streams))
+
+    def _own_stream(self, decoding: _Decoding, exposure: float, m: int) -> tuple[float, float]:
+        """The new stream's chance of missing its TPOT target, exposed to ``exposure`` seconds of
+        stall where it decodes, and the share of its slack that stall uses."""
+        slack = decoding.slack
+        return (self._tpot_miss(exposure, slack, decoding.worker, m, decoding.rate),
+                min(1.0, exposure / slack) if slack > 0 else 1.0)
+
+    def _scored(self, path: Path, p: Worker | None, decoding: _Decoding, computed: int, cached: int | None, ttft: float,
+                prefilling: _Prefilling, own_stream: tuple[float, float], decode_wait_s: float = 0.0) -> Scored:
+        """Misses first, then risk: the share of each SLO budget the plan uses up (its own TTFT
+        and TPOT slack, and each running stream's TPOT slack on the worker that prefills)."""
+        tpot_miss, exposure_risk = own_stream
+        own_misses = prefilling.ttft_miss + tpot_miss
+        own_risk = prefilling.ttft_risk + exposure_risk
+        misses = own_misses + prefilling.pushed
+        score = MISS_COST * misses + own_risk + self.stall_weight * prefilling.harm_risk + decoding.tie_break
+        return Scored(path, decoding.worker, p, computed, cached, ttft, misses, score, prefilling.pushed, prefilling.harm_s,
+                      decode_wait_s)
 
     def _sorted_slacks(self, w: Worker) -> tuple[list[float], list[float]]:
         """The stream slacks on ``w``, sorted, and for each position the sum of 1 / slack from
@@ -281,7 +348,7 @@ class AdaptiveDecider:
             found = self._slacks[id(w)] = (slacks, inverse_sums)
         return found
 
-    def _tpot_miss(self, exposure: float, slack: float, d: Worker, m: int) -> float:
+    def _tpot_miss(self, exposure: float, slack: float, d: Worker, m: int, decode_rate: float) -> float:
         """The chance the new stream misses its TPOT target on ``d``: certain when the stall
         already predicted exceeds its slack; else the chance that, while it decodes, ``d`` runs
         at least one prefill longer than its slack, or than the stall limit where one is set (at
@@ -290,7 +357,7 @@ class AdaptiveDecider:
             return 0.0
         if exposure > slack:
             return 1.0
-        decode_s = (m - 1) / d.load.decode_tokens_per_s
+        decode_s = (m - 1) / decode_rate
         services = self._services.get(id(d))
         if services is None:
             services = self._services[id(d)] = d.load.recent_services_s()
@@ -306,23 +373,15 @@ class AdaptiveDecider:
         return self._exposure[key]
 
 
-def _k_smallest(workers: Sequence[Worker], keys: list[tuple[float, ...]], k: int) -> list[Worker]:
+def _k_smallest(workers: Sequence[Worker], keys: list[Any], k: int) -> list[Worker]:
     """The ``k`` workers of the smallest keys, in their order — what a stable sort's first ``k``
-    would hold (of equal keys, the earlier) — in O(workers × log k)."""
-    bound = heapq.nsmallest(k, keys)[-1]
-    room = k - sum(1 for key in keys if key < bound)  # of the workers at the bound, how many fit
-    chosen = []
-    for w, key in zip(workers, keys):
-        if key < bound:
-            chosen.append(w)
-        elif key == bound and room > 0:
-            chosen.append(w)
-            room -= 1
-    return chosen
+    would hold (of equal keys, the earlier: ``nsmallest`` is stable) — in O(workers × log k)."""
+    return [workers[i] for i in sorted(heapq.nsmallest(k, range(len(keys)), key=keys.__getitem__))]
 
 
 def _with_reason(scored: Scored, reason: Reason) -> Decision:
-    return replace(scored.decision, reason=reason)
+    return Decision(scored.path, reason, prefill=scored.prefill, decode=scored.decode, predicted_ttft_s=scored.ttft_s,
+                    cached_tokens=scored.cached_tokens, computed_tokens=scored.computed_tokens)
 
 
 def recommended_threshold(endpoint: EndpointLoad, decoders: Sequence[Worker], *, stall_weight: float,

@@ -121,17 +121,15 @@ class RecentRate:
         self.min_samples = min_samples
         self._samples: deque[tuple[float, float]] = deque(maxlen=window)
         self.num_samples = 0
+        self.is_measured = False  # ``min_samples`` arrived (an attribute: read for every worker of a pool)
         self._value: float | None = None  # of ``_samples``, until they change
-
-    @property
-    def is_measured(self) -> bool:
-        return len(self._samples) >= self.min_samples
 
     def add(self, num_tokens: float, seconds: float) -> None:
         if not (math.isfinite(num_tokens) and math.isfinite(seconds)) or seconds <= 0:
             return
         self._samples.append((num_tokens, seconds))
         self.num_samples += 1
+        self.is_measured = len(self._samples) >= self.min_samples
         self._value = None
 
     def replace_last(self, num_tokens: float, seconds: float) -> None:
@@ -281,6 +279,7 @@ class WorkerLoad:
         self.queued_prefill_tokens = 0
         self.streams: list[StreamTicket] = []
         self.prefill_rate = RecentRate(priors.prefill_tokens_per_s)
+        self._measured_prefill_rate: float | None = None  # ``prefill_tokens_per_s`` once measured here
         self.decode_rate = RecentMedian(priors.decode_tokens_per_s)
         self.shared = shared if shared is not None else SharedRates(priors)
         self.prefills: list[PrefillTicket] = []
@@ -319,6 +318,7 @@ class WorkerLoad:
             self._add_busy(gap_s, now)
             self._batch_s += gap_s
             self.prefill_rate.replace_last(self._batch_tokens, self._batch_s)
+            self._measured_prefill_rate = None
             if self.shared.prefill_rate.num_samples == self._shared_mark:  # its last sample is still ours
                 self.shared.prefill_rate.replace_last(self._batch_tokens, self._batch_s)
             return
@@ -330,6 +330,7 @@ class WorkerLoad:
         if ticket.num_tokens >= self.min_sample_tokens:
             self._batch_tokens = ticket.num_tokens
             self.prefill_rate.add(ticket.num_tokens, service_s)
+            self._measured_prefill_rate = None
             self.shared.prefill_rate.add(ticket.num_tokens, service_s)
             self._shared_mark = self.shared.prefill_rate.num_samples
 
@@ -339,10 +340,16 @@ class WorkerLoad:
 
     @property
     def prefill_tokens_per_s(self) -> float:
+        # The adaptive policy reads it for every worker of a large pool on every decision: once
+        # measured here (it then never reads the peers' again), kept until a sample changes it.
+        rate = self._measured_prefill_rate
+        if rate is not None:
+            return rate
         own, shared = self.prefill_rate, self.shared.prefill_rate
-        # _own_or_shared, inlined: the adaptive policy reads it for every worker of a large pool
-        rate = own.value if own.is_measured or not shared.is_measured else shared.value
-        return max(rate, 1.0)
+        if own.is_measured:
+            rate = self._measured_prefill_rate = max(own.value, 1.0)
+            return rate
+        return max(shared.value if shared.is_measured else own.value, 1.0)  # _own_or_shared, inlined
 
     def prefill_s(self, num_tokens: int) -> float:
         """Predicted time until a prefill of ``num_tokens`` sent now finishes (queue included)."""

@@ -304,6 +304,26 @@ def test_utilization_decays_with_idle_time():
     assert load.prefill_utilization() == pytest.approx(0.5 * 2.718281828 ** -1, rel=1e-6)
 
 
+def test_a_measured_rate_read_between_samples_follows_each_new_sample():
+    """The rate a measured worker is read at (kept between reads: a large pool reads it on every
+    decision) changes with its next sample, and with a sample its step's next prefill grows."""
+    clock = FakeClock()
+    load = WorkerLoad(LoadPriors(prefill_tokens_per_s=100.0), clock)
+    for _ in range(3):
+        ticket = load.begin_prefill(1000)
+        clock.now += 2.0
+        load.end_prefill(ticket, is_ok=True)
+        clock.now += 5.0
+    assert load.prefill_tokens_per_s == pytest.approx(500.0)
+    assert load.prefill_tokens_per_s == pytest.approx(500.0)  # read again: the same
+    slow, same_step = load.begin_prefill(1000), load.begin_prefill(1000)
+    clock.now += 10.0
+    load.end_prefill(slow, is_ok=True)  # 1000 tokens in 10 s
+    assert load.prefill_tokens_per_s == pytest.approx(4000 / 16.0)
+    load.end_prefill(same_step, is_ok=True)  # ended in the same step: that sample is 2000 tokens
+    assert load.prefill_tokens_per_s == pytest.approx(5000 / 16.0)
+
+
 def test_decode_rate_is_the_rate_between_stalls():
     """The median gap between tokens: a stream stalled once by another request's prefill still
     measures the worker's undisturbed decode rate."""
