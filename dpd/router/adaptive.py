@@ -132,8 +132,8 @@ class AdaptiveDecider:
         self.max_decode_wait_s = max_decode_wait_s  # the decode hop's first-token deadline (decodeFirstTokenTimeoutS)
         self._slacks: dict[int, tuple[list[float], list[float]]] = {}
         self._services: dict[int, list[float]] = {}
-        self._exposure: dict[tuple[int, int], float] = {}
         self._prefill_times: dict[tuple[int, int], float] = {}
+        self._decodings: dict[int, tuple[_Decoding, float, tuple[float, float]]] = {}
         self._ttft_errors: dict[Path, list[float] | None] = {}
 
     @property
@@ -158,7 +158,7 @@ class AdaptiveDecider:
               cached: Mapping[Worker, int]) -> Decision | None:
         # Per-worker figures every plan through that worker reads (a pool of P prefillers and D
         # decoders has P × D splits): computed once per decision, the same values as uncached.
-        self._slacks, self._services, self._exposure, self._prefill_times = {}, {}, {}, {}
+        self._slacks, self._services, self._prefill_times, self._decodings = {}, {}, {}, {}
         errors = self.endpoint.ttft_errors
         self._ttft_errors = {Path.DIRECT: errors["direct"].measured_errors(),
                              Path.DISAGGREGATED: errors["disaggregated"].measured_errors()}
@@ -223,8 +223,8 @@ class AdaptiveDecider:
         # One pass of attribute reads (a pool of hundreds is read on every decision); with nothing
         # cached anywhere the cache term is left out of the keys (0 for all: the same order).
         def prefiller_keys(workers: Sequence[Worker]) -> list[Any]:
-            if not cached:
-                return [w.load.prefill_s(n) for w in workers]
+            if not cached:  # w.load.prefill_s(n), inlined
+                return [((load := w.load).queued_prefill_tokens + n) / load.prefill_tokens_per_s for w in workers]
             return [(-held(w, 0), w.load.prefill_s(n)) for w in workers]
 
         def decoder_keys(workers: Sequence[Worker]) -> list[Any]:
@@ -262,9 +262,8 @@ class AdaptiveDecider:
         ttft = load.prefill_s(n - cached)
         prefill_s = (n - cached) / load.prefill_tokens_per_s
         prefilling = self._prefilling(Path.DIRECT, ttft, prefill_s, w)
-        decoding = self._decoding(w, m)
-        return self._scored(Path.DIRECT, None, decoding, n - cached, cached or None, ttft, prefilling,
-                            self._own_stream(decoding, self._future_stall_s(w, m), m))
+        decoding, _, at_rest = self._decoding(w, m)
+        return self._scored(Path.DIRECT, None, decoding, n - cached, cached or None, ttft, prefilling, at_rest)
 
     def _splits(self, candidates: Candidates, n: int, m: int, cached: Mapping[Worker, int]) -> list[Scored]:
         """Every split p → d (p-major: the first of equal scores wins, as in a list of pairs) but
@@ -273,11 +272,8 @@ class AdaptiveDecider:
         per worker, not once per pair (and a decoder's cost to the new stream, once per decoder
         while nothing queued there outlasts the split's prefill)."""
         overhead = self.endpoint.split_overhead.value
-        decoders = []
-        for d in candidates.decoders:
-            future_stall_s, decoding = self._future_stall_s(d, m), self._decoding(d, m)
-            decoders.append((d, d.load.queued_prefill_tokens / d.load.prefill_tokens_per_s, future_stall_s, decoding,
-                             self._own_stream(decoding, future_stall_s, m)))
+        decoders = [(d, d.load.queued_prefill_tokens / d.load.prefill_tokens_per_s, *self._decoding(d, m))
+                    for d in candidates.decoders]
         splits = []
         for p in candidates.prefillers:
             computed = n - cached.get(p, 0)  # what p does not hold
@@ -286,7 +282,7 @@ class AdaptiveDecider:
                 continue
             ttft = queue_s + overhead
             prefilling = self._prefilling(Path.DISAGGREGATED, ttft, computed / p.load.prefill_tokens_per_s, p)
-            for d, decoder_queue_s, future_stall_s, decoding, at_rest in decoders:
+            for d, decoder_queue_s, decoding, future_stall_s, at_rest in decoders:
                 if d is p:
                     continue
                 # The decoder's queued prefills stall the stream only as far as they outlast the
@@ -313,9 +309,16 @@ class AdaptiveDecider:
         return _Prefilling(ttft_miss, TTFT_WEIGHT * min(1.0, ttft / self.slo.ttft_s), pushed, harm_risk,
                            prefill_s * len(slacks))
 
-    def _decoding(self, d: Worker, m: int) -> _Decoding:
-        rate = d.load.decode_tokens_per_s
-        return _Decoding(d, rate, (self.slo.tpot_s - 1 / rate) * max(m - 1, 0), TIE_BREAK * len(d.load.streams))
+    def _decoding(self, d: Worker, m: int) -> tuple[_Decoding, float, tuple[float, float]]:
+        """A new stream on ``d``: where it starts from, the stall it can expect from prefills to
+        come there, and its cost with that stall alone (``_own_stream``); once per decision."""
+        found = self._decodings.get(id(d))
+        if found is None:
+            rate = d.load.decode_tokens_per_s
+            decoding = _Decoding(d, rate, (self.slo.tpot_s - 1 / rate) * max(m - 1, 0), TIE_BREAK * len(d.load.streams))
+            future_stall_s = self._future_stall_s(d, m)
+            found = self._decodings[id(d)] = (decoding, future_stall_s, self._own_stream(decoding, future_stall_s, m))
+        return found
 
     def _own_stream(self, decoding: _Decoding, exposure: float, m: int) -> tuple[float, float]:
         """The new stream's chance of missing its TPOT target, exposed to ``exposure`` seconds of
@@ -366,11 +369,8 @@ class AdaptiveDecider:
 
     def _future_stall_s(self, w: Worker, m: int) -> float:
         """The stall a new stream of ``m`` tokens can expect from prefills to come on ``w``."""
-        key = (id(w), m)
-        if key not in self._exposure:
-            u = min(w.load.prefill_utilization(), MAX_UTILIZATION)
-            self._exposure[key] = (m / w.load.decode_tokens_per_s) * u / (1 - u)
-        return self._exposure[key]
+        u = min(w.load.prefill_utilization(), MAX_UTILIZATION)
+        return (m / w.load.decode_tokens_per_s) * u / (1 - u)
 
 
 def _k_smallest(workers: Sequence[Worker], keys: list[Any], k: int) -> list[Worker]:
