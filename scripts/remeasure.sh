@@ -87,7 +87,7 @@ fi
 stop "$serve_pid"
 serve_pid=""
 # 6. The simulator against this run's ladders, with this run's profile (calibrated as in
-#    docs/planning.md), then its speed: an hour of a 1,000-worker cluster (static policy; a sample of the adaptive one).
+#    docs/planning.md), then its speed: an hour of a 1,000-worker cluster under each policy.
 profile=$OUT/profile.json
 [ -f "$profile" ] || profile=bench-results/profile-cpu-2026-12-06.json
 for workload in trace synthetic; do
@@ -96,10 +96,10 @@ for workload in trace synthetic; do
             --speed-under-load 0.85
     fi
 done
-# The hour of a 1,000-worker cluster under the static policy (~3½ min), and a sample of the
-# adaptive policy's cluster (its whole hour takes ~25 min: BENCHMARKS.md).
+# The hour of a 1,000-worker cluster under the static policy (~3½ min), then under the adaptive
+# policy (~13 min: BENCHMARKS.md).
 step sim-speed "$DPD" plan --speed --profile "$profile" --cluster-workers 1000 --cluster-hours 1 --cluster-policy threshold
-step sim-speed-adaptive "$DPD" plan --speed --profile "$profile" --cluster-workers 1000 --cluster-hours 0.02 \
+step sim-speed-adaptive "$DPD" plan --speed --profile "$profile" --cluster-workers 1000 --cluster-hours 1 \
     --cluster-policy adaptive
 
 if [ ${#failed[@]} -gt 0 ]; then

@@ -9,7 +9,7 @@ from dataclasses import asdict
 
 import pytest
 
-from dpd.bench.run import CAPACITY_ATTAINMENT, BenchSpec, find_capacity, report
+from dpd.bench.run import CAPACITY_ATTAINMENT, BenchSpec, Runner, find_capacity, report
 from dpd.bench.stats import RequestRecord, Slo, summarize
 from dpd.bench.workloads import DEFAULT_MIX, TraceRequest, arrival_times, synthetic
 
@@ -85,6 +85,19 @@ def test_attainment_threshold_is_ninety_percent():
     assert CAPACITY_ATTAINMENT == 0.9
     measure = {0.1: 0.9, 0.3: 0.89}.get
     assert find_capacity(measure, 0.1, 0.3, 0) == 0.1
+
+
+def test_a_listed_rate_that_passes_above_one_that_missed_is_not_capacity():
+    """Without bisection, capacity is counted as the ladder counts it: 0.3 req/s meeting the bar
+    after 0.2 missed it is noise, and the capacity is 0.1."""
+    spec = BenchSpec(trace_dir="x", rates_rps=(0.1, 0.2, 0.3), duration_s=60, threshold_tokens=1024, slo=Slo(10, 0.2),
+                     max_prompt_tokens=4096, max_output_tokens=64, output_scale=0.5)
+    runner = Runner("colocated", "http://unused", spec, [], {})
+    attainments = {0.1: 0.95, 0.2: 0.85, 0.3: 0.92}
+    runner.measure = lambda rate, purpose, threshold=None: {"all": {"slo_attainment": attainments[rate]}}  # type: ignore[method-assign]
+    assert runner.capacity() == 0.1
+    attainments[0.2] = 0.9
+    assert runner.capacity() == 0.3
 
 
 def _entry(rate: float, purpose: str, itl_short: float, slo: Slo) -> dict:
