@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Re-measure every figure of BENCHMARKS.md in one background run (~2 h 10 min on the project's 2-core
+# Re-measure every figure of BENCHMARKS.md in one background run (~2 h 20 min on the project's 2-core
 # machine; each step's time is in README.md). Run it on a quiet machine: anything else on the
 # cores shows up as client lag (flagged in the ladder's report) and in every latency.
 #

@@ -230,10 +230,11 @@ def attainment_ci(records: list[RequestRecord], slo: Slo, seed: int = 0) -> tupl
 
 
 def capacity(attainments: dict[float, float], bar: float = 0.9) -> float:
-    """The highest rate at which this and every lower rate of the ladder meet ``bar``; 0 if none."""
+    """The highest rate at which this and every lower rate of the ladder meet ``bar``; 0 if none
+    (a rate with nothing measured, NaN, meets nothing)."""
     best = 0.0
     for rate in sorted(attainments):
-        if attainments[rate] < bar:
+        if not attainments[rate] >= bar:
             break
         best = rate
     return best

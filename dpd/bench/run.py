@@ -13,8 +13,9 @@ Two endpoints are started on the same two cores, one after the other: the coloca
 one P/D endpoint shared by the three P/D scenarios (the threshold is changed live through the
 admin API; vllm-router is put in front of its workers). Each scenario is warmed up first.
 
-Per scenario: capacity — the highest rate at which it and every lower rate meet SLO attainment
->= 90% — from the listed rates, or by bisection between two rates (``bisect_steps``); then one run at the same offered load
+Per scenario: capacity — the highest of the listed rates at which it and every lower one meet SLO
+attainment >= 90%, or by bisection between two rates (``bisect_steps``, which assumes attainment
+falls as the rate rises); then one run at the same offered load
 for every scenario (``compare_at`` × colocated capacity), where the ratios to colocated are
 taken. Optionally a threshold sweep on the P/D endpoint: goodput versus threshold.
 The workload is the Azure conv+code trace or a synthetic mix, scaled to the machine; the
@@ -370,11 +371,12 @@ def _compare_entry(sc: dict) -> dict | None:
 def report(results: dict) -> str:
     spec = results["spec"]
     scenarios = results["scenarios"]
+    rates = ", ".join(f"{r:g}" for r in spec["rates_rps"])
     lines = [
         f"SLO: TTFT ≤ {spec['slo']['ttft_s']} s and TPOT ≤ {spec['slo']['tpot_s']} s; capacity = highest rate with "
-        f"≥ {CAPACITY_ATTAINMENT:.0%} attainment there and at every lower rate"
+        f"≥ {CAPACITY_ATTAINMENT:.0%} attainment"
         + (f", bisected ({spec['bisect_steps']} steps) between {min(spec['rates_rps']):g} and {max(spec['rates_rps']):g} req/s."
-           if spec["bisect_steps"] else f", from the rates {', '.join(f'{r:g}' for r in spec['rates_rps'])} req/s."),
+           if spec["bisect_steps"] else f" there and at every lower one of the rates {rates} req/s."),
     ]
     workloads = sorted({e["workload"] for sc in scenarios.values() for e in sc["rates"]})
     lines += ["", "Workload: " + ("; ".join(workloads[:1]) + (" (rate varies per run)" if len(workloads) > 1 else "")), ""]

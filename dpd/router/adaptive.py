@@ -133,7 +133,7 @@ class AdaptiveDecider:
         self._slacks: dict[int, tuple[list[float], list[float]]] = {}
         self._services: dict[int, list[float]] = {}
         self._prefill_times: dict[tuple[int, int], float] = {}
-        self._decodings: dict[int, tuple[_Decoding, float, tuple[float, float]]] = {}
+        self._decodings: dict[tuple[int, int], tuple[_Decoding, float, tuple[float, float]]] = {}
         self._ttft_errors: dict[Path, list[float] | None] = {}
 
     @property
@@ -312,12 +312,13 @@ class AdaptiveDecider:
     def _decoding(self, d: Worker, m: int) -> tuple[_Decoding, float, tuple[float, float]]:
         """A new stream on ``d``: where it starts from, the stall it can expect from prefills to
         come there, and its cost with that stall alone (``_own_stream``); once per decision."""
-        found = self._decodings.get(id(d))
+        key = (id(d), m)
+        found = self._decodings.get(key)
         if found is None:
             rate = d.load.decode_tokens_per_s
             decoding = _Decoding(d, rate, (self.slo.tpot_s - 1 / rate) * max(m - 1, 0), TIE_BREAK * len(d.load.streams))
             future_stall_s = self._future_stall_s(d, m)
-            found = self._decodings[id(d)] = (decoding, future_stall_s, self._own_stream(decoding, future_stall_s, m))
+            found = self._decodings[key] = (decoding, future_stall_s, self._own_stream(decoding, future_stall_s, m))
         return found
 
     def _own_stream(self, decoding: _Decoding, exposure: float, m: int) -> tuple[float, float]:

@@ -205,6 +205,7 @@ def test_failures_that_reach_the_percentile_widen_the_interval_to_infinity():
     ({0.3: 1.0, 0.6: 0.95, 0.9: 0.5}, 0.6),
     ({0.3: 0.8, 0.6: 0.95}, 0.0),  # a pass above a failure does not count
     ({0.3: 0.9}, 0.3),
+    ({0.3: 1.0, 0.6: float("nan"), 0.9: 1.0}, 0.3),  # a rate with nothing measured meets nothing
 ])
 def test_capacity_from_the_ladder(attainments, expected):
     assert capacity(attainments) == expected
