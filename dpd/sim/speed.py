@@ -6,8 +6,8 @@ single-threaded Python; ``dpd plan --jobs`` spreads a search's candidates over t
 * **per policy** — the same requests (the trace, time-compressed to a rate that loads a two-worker
   endpoint) through a colocated pair, a static 1P:1D split and the adaptive policy: simulated
   requests per second of wall time;
-* **a cluster** — ``workers`` workers (a 1:1 P:D split under the static threshold, the router's
-  own least-outstanding picker) serving ``hours`` of the trace replicated until its load fills
+* **a cluster** — ``workers`` workers (a 1:1 P:D split under the static threshold and the
+  router's own least-outstanding picker, or under the adaptive policy) serving ``hours`` of the trace replicated until its load fills
   them: the trace's requests in copies, each copy's arrivals jittered by up to a second, so the
   arrival pattern over the hour stays the trace's. The load aimed at is ``utilization`` of the
   workers' work (prompt ÷ prefill rate + output × a step's cost shared by four streams).
