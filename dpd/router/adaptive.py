@@ -132,7 +132,6 @@ class AdaptiveDecider:
         self.max_decode_wait_s = max_decode_wait_s  # the decode hop's first-token deadline (decodeFirstTokenTimeoutS)
         self._slacks: dict[int, tuple[list[float], list[float]]] = {}
         self._services: dict[int, list[float]] = {}
-        self._prefill_times: dict[tuple[int, int], float] = {}
         self._decodings: dict[tuple[int, int], tuple[_Decoding, float, tuple[float, float]]] = {}
         self._ttft_errors: dict[Path, list[float] | None] = {}
 
@@ -158,7 +157,7 @@ class AdaptiveDecider:
               cached: Mapping[Worker, int]) -> Decision | None:
         # Per-worker figures every plan through that worker reads (a pool of P prefillers and D
         # decoders has P × D splits): computed once per decision, the same values as uncached.
-        self._slacks, self._services, self._prefill_times, self._decodings = {}, {}, {}, {}
+        self._slacks, self._services, self._decodings = {}, {}, {}
         errors = self.endpoint.ttft_errors
         self._ttft_errors = {Path.DIRECT: errors["direct"].measured_errors(),
                              Path.DISAGGREGATED: errors["disaggregated"].measured_errors()}
@@ -238,14 +237,6 @@ class AdaptiveDecider:
         return Candidates(keep(candidates.prefillers, prefiller_keys), keep(candidates.decoders, decoder_keys),
                           keep(candidates.others, decoder_keys))
 
-    def _prefill_s(self, w: Worker, n: int) -> float:
-        """``w.load.prefill_s(n)``, read once per decision (a P × D pool reads it for every pair)."""
-        key = (id(w), n)
-        found = self._prefill_times.get(key)
-        if found is None:
-            found = self._prefill_times[key] = w.load.prefill_s(n)
-        return found
-
     def _is_small(self, scored: Scored, n: int) -> bool:
         """A prompt whose prefill takes at most SMALL_PREFILL of the TTFT target where it would run whole."""
         w = scored.decode
@@ -277,7 +268,7 @@ class AdaptiveDecider:
         splits = []
         for p in candidates.prefillers:
             computed = n - cached.get(p, 0)  # what p does not hold
-            queue_s = self._prefill_s(p, computed)
+            queue_s = p.load.prefill_s(computed)  # read once per prefiller: the pairs share it
             if not queue_s <= self.max_prefill_wait_s:
                 continue
             ttft = queue_s + overhead
