@@ -351,7 +351,8 @@ class RouterSpec(_Frozen):
         default=5.0,
         gt=0,
         description="Deadline for the decoder's first token on the disaggregated path; past it "
-        "the request is cancelled on the decoder and served on the direct path.",
+        "the request is cancelled on the decoder and served on the direct path. A worker pair's "
+        "first transfer (NIXL's handshake) gets 4x this, within half the KV lease.",
     )
     directFirstTokenTimeoutS: float = Field(
         default=300.0, gt=0, description="Deadline for the first token on the direct path."

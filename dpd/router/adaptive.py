@@ -123,6 +123,8 @@ class AdaptiveDecider:
         self.set_threshold(floor_tokens)
         # the longest pause a prefill may impose on a stream (pdSpec…maxStallS); None: no limit
         self.max_stall_s = math.inf if max_stall_s is None else max_stall_s
+        if max_candidates < 1:
+            raise ValueError(f"max_candidates must be at least 1, not {max_candidates}")
         self.max_candidates = max_candidates
         self.endpoint = endpoint
         self.stall_weight = stall_weight
@@ -178,14 +180,15 @@ class AdaptiveDecider:
         # then takes every split away): not a plan.
         if not any(p is not d for p in candidates.prefillers for d in candidates.decoders):
             return _with_reason(best_whole, Reason.PREFILL_UNAVAILABLE)
-        splits = self._splits(candidates, n, m, cached)
-        if not splits:
+        # The best split, and each prefiller's first: what the rules below read of the P × D splits
+        # (a prefiller's splits share their TTFT and the harm they do, so its first stands for all).
+        best_split, splits = self._splits(candidates, n, m, cached)
+        if best_split is None:
             # No split is possible because the prefill pool, or the decoder's own prefills, are
             # backed up: a large prompt then queues whole where it does not lengthen a decoder's
             # queue (which is what blocks the splits, and what the short requests wait behind).
             wholes = [s for s in wholes if self._may_queue_whole(s, n, candidates)] or wholes
             return _with_reason(min(wholes, key=lambda s: s.score), Reason.PREFILL_QUEUE_LONG)
-        best_split = min(splits, key=lambda s: s.score)
         if best_split.ttft_s > self.slo.ttft_s:
             # The prefill pool is overloaded: a decoder takes a large prompt whole only if it
             # can start it at once; queued behind other prefills it would build a queue in
@@ -256,16 +259,20 @@ class AdaptiveDecider:
         decoding, _, at_rest = self._decoding(w, m)
         return self._scored(Path.DIRECT, None, decoding, n - cached, cached or None, ttft, prefilling, at_rest)
 
-    def _splits(self, candidates: Candidates, n: int, m: int, cached: Mapping[Worker, int]) -> list[Scored]:
-        """Every split p → d (p-major: the first of equal scores wins, as in a list of pairs) but
-        those whose prefill would wait past the prefill hop's deadline or whose decode hop would
-        wait past its first-token deadline. What depends on one worker alone is computed once
-        per worker, not once per pair (and a decoder's cost to the new stream, once per decoder
-        while nothing queued there outlasts the split's prefill)."""
+    def _splits(self, candidates: Candidates, n: int, m: int,
+                cached: Mapping[Worker, int]) -> tuple[Scored | None, list[Scored]]:
+        """Of every split p → d but those whose prefill would wait past the prefill hop's deadline
+        or whose decode hop would wait past its first-token deadline: the best (the first of equal
+        scores, p-major, as ``min`` over a list of pairs), and each prefiller's first. What depends
+        on one worker alone is computed once per worker, not once per pair (and a decoder's cost to
+        the new stream, once per decoder while nothing queued there outlasts the split's prefill);
+        a pair is scored in place, and a ``Scored`` built only for those returned."""
         overhead = self.endpoint.split_overhead.value
         decoders = [(d, d.load.queued_prefill_tokens / d.load.prefill_tokens_per_s, *self._decoding(d, m))
                     for d in candidates.decoders]
-        splits = []
+        stall_weight, max_decode_wait_s = self.stall_weight, self.max_decode_wait_s
+        firsts: list[Scored] = []
+        best: tuple[float, Worker, int, float, _Prefilling, _Decoding, tuple[float, float], float] | None = None
         for p in candidates.prefillers:
             computed = n - cached.get(p, 0)  # what p does not hold
             queue_s = p.load.prefill_s(computed)  # read once per prefiller: the pairs share it
@@ -273,17 +280,32 @@ class AdaptiveDecider:
                 continue
             ttft = queue_s + overhead
             prefilling = self._prefilling(Path.DISAGGREGATED, ttft, computed / p.load.prefill_tokens_per_s, p)
+            # _scored's arithmetic, in its order, on what the prefiller fixes
+            ttft_miss, ttft_risk, pushed = prefilling.ttft_miss, prefilling.ttft_risk, prefilling.pushed
+            harm = stall_weight * prefilling.harm_risk
+            is_first = True
             for d, decoder_queue_s, decoding, future_stall_s, at_rest in decoders:
                 if d is p:
                     continue
                 # The decoder's queued prefills stall the stream only as far as they outlast the
                 # split's own prefill and KV pull.
                 queued_after_s = max(0.0, decoder_queue_s - ttft)
-                if queued_after_s <= self.max_decode_wait_s:
-                    own_stream = at_rest if queued_after_s == 0.0 else self._own_stream(decoding, future_stall_s + queued_after_s, m)
-                    splits.append(self._scored(Path.DISAGGREGATED, p, decoding, computed, None, ttft, prefilling, own_stream,
+                if not queued_after_s <= max_decode_wait_s:
+                    continue
+                own_stream = at_rest if queued_after_s == 0.0 else self._own_stream(decoding, future_stall_s + queued_after_s, m)
+                tpot_miss, exposure_risk = own_stream
+                score = MISS_COST * (ttft_miss + tpot_miss + pushed) + (ttft_risk + exposure_risk) + harm + decoding.tie_break
+                if is_first:
+                    is_first = False
+                    firsts.append(self._scored(Path.DISAGGREGATED, p, decoding, computed, None, ttft, prefilling, own_stream,
                                                decode_wait_s=queued_after_s))
-        return splits
+                if best is None or score < best[0]:
+                    best = (score, p, computed, ttft, prefilling, decoding, own_stream, queued_after_s)
+        if best is None:
+            return None, firsts
+        _, p, computed, ttft, prefilling, decoding, own_stream, queued_after_s = best
+        return self._scored(Path.DISAGGREGATED, p, decoding, computed, None, ttft, prefilling, own_stream,
+                            decode_wait_s=queued_after_s), firsts
 
     def _prefilling(self, path: Path, ttft: float, prefill_s: float, prefiller: Worker) -> _Prefilling:
         """The part of a plan's score that depends on where it prefills, not where it decodes."""

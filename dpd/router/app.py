@@ -233,6 +233,8 @@ class Router:
 
     def _on_worker_change(self, worker: Worker) -> None:
         self.metrics.worker_healthy.labels(worker.pool, worker.name).set(1 if worker.is_healthy else 0)
+        if not worker.is_healthy and self.flow is not None:
+            self.flow.forget(worker)  # restarted, it handshakes with its peers again
 
     def _refresh_gauges(self) -> None:
         m = self.metrics

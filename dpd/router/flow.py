@@ -11,7 +11,8 @@ Direct path: step 3 without ``kv_transfer_params``.
 Invariants:
   * Nothing reaches the client before the decoder's first event, so every failure up to then
     can still be served another way: a failed, slow or unreachable prefill worker, or a decode
-    hop whose first token misses ``decodeFirstTokenTimeoutS`` (the NIXL stall), sends the
+    hop whose first token misses ``decodeFirstTokenTimeoutS`` (the NIXL stall; a pair's
+    first transfer, which carries NIXL's handshake, gets ``first_transfer_timeout_s``), sends the
     request down the direct path (``fallback``); a failed decoder is retried on another
     decoder. After the first byte nothing is retried from the start: a stream that breaks
     mid-answer continues on another worker from its token ids (``migrate.py``).
@@ -61,6 +62,10 @@ FALLBACK = Path.FALLBACK.value  # the path label of a disaggregated request serv
 _CONNECT_ERRORS = (aiohttp.ClientConnectionError, ConnectionError)
 # Anything a broken or misbehaving worker can make aiohttp raise while we read its response.
 WORKER_ERRORS = (aiohttp.ClientError, aiohttp.http_exceptions.HttpProcessingError, ValueError, OSError)
+
+
+# A pair's first KV transfer (NIXL's handshake) may take this many times decodeFirstTokenTimeoutS.
+FIRST_TRANSFER_FACTOR = 4.0
 
 
 @dataclass
@@ -244,6 +249,22 @@ class PdFlow:
         self._decode_gate = decode_gate
         self._endpoint_load = endpoint_load
         self._with_token_ids = spec.migration.maxMigrations > 0
+        # (prefiller, decoder) pairs whose KV transfer has delivered a first token; a pair's first
+        # transfer carries NIXL's handshake (the decoder fetches the prefiller's agent metadata
+        # over its side channel: seconds on a busy or freshly started machine), so it gets
+        # first_transfer_timeout_s. A worker that goes unhealthy leaves (``forget``): restarted,
+        # it has a new NIXL agent and handshakes again.
+        self._transferred: set[tuple[str, str]] = set()
+
+    def first_transfer_timeout_s(self) -> float:
+        """The first-token deadline of a pair's first decode hop: FIRST_TRANSFER_FACTOR × the
+        configured one, within half the KV lease (so the prefiller still holds the blocks)."""
+        first_token_s = self._spec.decodeFirstTokenTimeoutS
+        return max(first_token_s, min(FIRST_TRANSFER_FACTOR * first_token_s, self._kv_lease_duration_s / 2))
+
+    def forget(self, worker: Worker) -> None:
+        """``worker`` went away (unhealthy, restarted, removed): its next transfer handshakes again."""
+        self._transferred = {pair for pair in self._transferred if worker.name not in pair}
 
     async def open(self, ctx: RequestContext) -> UpstreamStream:
         """Run the hops up to the decoder's first event; return the open stream."""
@@ -426,17 +447,21 @@ class PdFlow:
             worker = self._take(self._decode, ctx.decision.decode, ctx.tenant)
             if worker is None:
                 raise pool_unavailable("decode")
+            pair = (prefiller, worker.name)
+            deadline_s = (self._spec.decodeFirstTokenTimeoutS if pair in self._transferred
+                          else self.first_transfer_timeout_s())
             stream = await self._open(
                 ctx, worker, decode_body(ctx.body, kv_params, with_token_ids=self._with_token_ids),
-                self._spec.decodeFirstTokenTimeoutS, Path.DISAGGREGATED.value
+                deadline_s, Path.DISAGGREGATED.value
             )
+            self._transferred.add(pair)
         except _Stall:
             release()
             assert worker is not None  # only _open, with a worker taken, raises _Stall
             self._metrics.pd_stalls.labels(worker.name, prefiller).inc()
             log.warning(
                 "request %s: no first token from %s within %.1fs after prefill on %s (P/D stall)",
-                ctx.request_id, worker.name, self._spec.decodeFirstTokenTimeoutS, prefiller,
+                ctx.request_id, worker.name, deadline_s, prefiller,
             )
             return None, HopOutcome.DECODE_STALL
         except ApiError as error:

@@ -449,6 +449,10 @@ def test_the_shortlist_holds_what_a_stable_sort_would_keep(seed):
 
 
 
+def test_max_candidates_below_one_is_refused():
+    with pytest.raises(ValueError, match="max_candidates"):
+        AdaptiveDecider(0, EndpointLoad(LoadPriors()), max_candidates=0)
+
 def test_a_stall_limit_counts_each_stream_a_prefill_would_pause_past_it():
     # 300 tokens at 500 tokens/s pause a worker's streams 0.6 s, within a 64-token stream's TPOT
     # slack: unlimited, no stream is pushed past its target; with a 0.2 s limit each stream on

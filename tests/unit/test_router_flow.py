@@ -210,6 +210,33 @@ async def test_decode_stall_is_cancelled_counted_and_served_direct(make_router):
     assert metric(text, 'dpd_fallbacks_total{reason="decode_stall"}') == 1
 
 
+async def test_a_pairs_first_transfer_waits_for_the_nixl_handshake_and_later_ones_do_not(make_router):
+    """A pair's first KV transfer carries NIXL's handshake: its first token may take 4× the
+    deadline (here 0.8 s, the decoder answering in 0.5 s: served disaggregated); the pair's next
+    transfers get the deadline itself (a stall, served direct); a worker that went unhealthy
+    handshakes again."""
+    decode = ScriptedWorker(first_token_delay_s=0.5)
+    client = await make_router(ScriptedWorker(), decode, threshold=0, decodeFirstTokenTimeoutS=0.2)
+    router = client.router  # type: ignore[attr-defined]
+    assert router.flow.first_transfer_timeout_s() == pytest.approx(0.8)
+    first = await client.post("/v1/completions", json=BODY)
+    assert first.status_code == 200 and first.headers["x-dpd-path"] == "disaggregated"
+    second = await client.post("/v1/completions", json=BODY)
+    assert second.status_code == 200 and second.headers.get("x-dpd-fallback") == "decode_stall"
+    router.flow.forget(router.prefill.workers[0])  # as when the prefiller goes unhealthy
+    again = await client.post("/v1/completions", json=BODY)
+    assert again.status_code == 200 and again.headers["x-dpd-path"] == "disaggregated"
+
+
+def test_a_first_transfer_deadline_stays_within_half_the_kv_lease():
+    from dpd.router.flow import PdFlow
+    from dpd.router.metrics import RouterMetrics
+
+    flow = PdFlow(None, None, None, None, RouterSpec(decodeFirstTokenTimeoutS=5.0), RouterMetrics(), kv_lease_s=30.0)  # type: ignore[arg-type]
+    assert flow.first_transfer_timeout_s() == 15.0  # not 20: the prefiller holds the KV for 30 s
+    flow = PdFlow(None, None, None, None, RouterSpec(decodeFirstTokenTimeoutS=20.0), RouterMetrics(), kv_lease_s=30.0)  # type: ignore[arg-type]
+    assert flow.first_transfer_timeout_s() == 20.0  # never shorter than the deadline itself
+
 def split_every_request(router: Router) -> None:
     """The adaptive policy's plan fixed to a split of the first prefiller and decoder."""
     p, d = router.prefill.workers[0], router.decode.workers[0]
