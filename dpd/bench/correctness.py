@@ -197,7 +197,8 @@ def account_stalls(
     Checks (each must hold): counted stalls >= client-seen stalls; counted fallbacks >=
     client-seen fallbacks; every counted stall was served direct (stalls ==
     fallbacks{decode_stall}); no disaggregated decode hop delivered its first token past the
-    deadline without being cut (the router's own decode-hop histogram).
+    deadline without being cut (the router's own decode-hop histogram; a pair's first transfer,
+    whose deadline is longer — NIXL's handshake — is made by the warm-up, before ``before``).
     """
     delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
     client_stalls = sum(p.fallback_reason == STALL_REASON for p in probes)
