@@ -92,8 +92,9 @@ missing_system_packages() {
   missing=()
   [ -x "$VENV/bin/python" ] || "$PY" -c "import ensurepip" >/dev/null 2>&1 || missing+=(python3-venv)
   if [ "$ENGINE" = cpu ]; then
-    # ldconfig lives in /sbin, which a non-root PATH may lack.
-    PATH="$PATH:/sbin:/usr/sbin" ldconfig -p 2>/dev/null | grep -q 'libnuma\.so\.1' || missing+=(libnuma1)
+    # ldconfig lives in /sbin, which a non-root PATH may lack; grep reads all of its output (with
+    # -q it would stop early, ldconfig would die of SIGPIPE, and pipefail would call it missing).
+    PATH="$PATH:/sbin:/usr/sbin" ldconfig -p 2>/dev/null | grep 'libnuma\.so\.1' >/dev/null || missing+=(libnuma1)
     command -v g++ >/dev/null 2>&1 || missing+=(g++)
   fi
   [ ${#missing[@]} -gt 0 ]

@@ -274,9 +274,19 @@ def _stop(serve: ServeProcess) -> int:
     return len(survivors)
 
 
-def _warm_up(url: str, spec: CorrectnessSpec) -> None:
+def _warm_up(url: str, spec: CorrectnessSpec, policy: str | None = None) -> None:
+    """One short and one long request. On a P/D endpoint (``policy``: its configured routing
+    policy) the long one is split — the threshold policy for it, then ``policy`` again — so the
+    pair's first transfer (NIXL's handshake, a longer deadline) is made here, not in the window
+    the stall check counts."""
     warmup = [TraceRequest(0.0, 100, 4, "warmup"), TraceRequest(0.5, spec.threshold_tokens + 100, 4, "warmup")]
-    asyncio.run(replay(url, spec.model, warmup, threshold_tokens=spec.threshold_tokens, seed=999, progress=False))
+    if policy is not None:
+        requests.put(url + "/admin/policy", json={"policy": "threshold"}, timeout=30).raise_for_status()
+    try:
+        asyncio.run(replay(url, spec.model, warmup, threshold_tokens=spec.threshold_tokens, seed=999, progress=False))
+    finally:
+        if policy is not None:
+            requests.put(url + "/admin/policy", json={"policy": policy}, timeout=30).raise_for_status()
 
 
 def _load_summary(records: list[RequestRecord], duration_s: float) -> dict:
@@ -315,7 +325,7 @@ def run(spec: CorrectnessSpec, out_dir: Path) -> dict:
     serve = _start(config, log_path=out_dir / "dpd" / "serve.log")
     try:
         deadline_s = serve.config.spec.pdSpec.router.decodeFirstTokenTimeoutS
-        _warm_up(serve.url, spec)
+        _warm_up(serve.url, spec, policy=serve.config.spec.pdSpec.routingPolicy)
         before = router_snapshot(requests.get(serve.url + "/metrics", timeout=10).text, deadline_s)
         print(f"[correctness] load: {len(trace)} trace requests at {spec.rate_rps:g} req/s + {len(probes)} probes "
               f"over {spec.duration_s:.0f}s", file=sys.stderr, flush=True)

@@ -352,7 +352,7 @@ class RouterSpec(_Frozen):
         gt=0,
         description="Deadline for the decoder's first token on the disaggregated path; past it "
         "the request is cancelled on the decoder and served on the direct path. A worker pair's "
-        "first transfer (NIXL's handshake) gets 4x this, within half the KV lease.",
+        "first transfer (NIXL's handshake) gets 4x this, within half the KV lease and never less than this.",
     )
     directFirstTokenTimeoutS: float = Field(
         default=300.0, gt=0, description="Deadline for the first token on the direct path."

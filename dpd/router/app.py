@@ -178,6 +178,8 @@ class Router:
         def record(worker: str, state: BreakerState) -> None:
             self.metrics.breaker_transitions.labels(pool, worker, state.value).inc()
             self.metrics.breaker_state.labels(pool, worker).set(state.gauge_value)
+            if state is BreakerState.OPEN and self.flow is not None:
+                self.flow.forget(worker)  # a request found it down first: it may come back restarted
 
         return record
 
@@ -234,13 +236,15 @@ class Router:
     def _on_worker_change(self, worker: Worker) -> None:
         self.metrics.worker_healthy.labels(worker.pool, worker.name).set(1 if worker.is_healthy else 0)
         if not worker.is_healthy and self.flow is not None:
-            self.flow.forget(worker)  # restarted, it handshakes with its peers again
+            self.flow.forget(worker.name)  # restarted, it handshakes with its peers again
 
     def _refresh_gauges(self) -> None:
         m = self.metrics
         present = {w.name for pool in (self.prefill, self.decode) for w in pool.workers}
         for gone in self._named_workers - present:  # removed by discovery: its series go too
             m.forget_worker(gone)
+            if self.flow is not None:
+                self.flow.forget(gone)
         self._named_workers = present
         if self.routing.prefix_index is not None and self.routing.prefix_active:
             self.routing.prefix_index.forget({w.url for pool in (self.prefill, self.decode) for w in pool.workers})

@@ -66,6 +66,7 @@ WORKER_ERRORS = (aiohttp.ClientError, aiohttp.http_exceptions.HttpProcessingErro
 
 # A pair's first KV transfer (NIXL's handshake) may take this many times decodeFirstTokenTimeoutS.
 FIRST_TRANSFER_FACTOR = 4.0
+LEASE_MARGIN_S = 1.0  # a first transfer's wait ends this long before the prefiller's lease
 
 
 @dataclass
@@ -254,17 +255,19 @@ class PdFlow:
         # over its side channel: seconds on a busy or freshly started machine), so it gets
         # first_transfer_timeout_s. A worker that goes unhealthy leaves (``forget``): restarted,
         # it has a new NIXL agent and handshakes again.
-        self._transferred: set[tuple[str, str]] = set()
+        self._transferred: set[tuple[str, str]] = set()  # or stalled once: one long wait per pair
 
     def first_transfer_timeout_s(self) -> float:
         """The first-token deadline of a pair's first decode hop: FIRST_TRANSFER_FACTOR × the
-        configured one, within half the KV lease (so the prefiller still holds the blocks)."""
+        configured one, within half the KV lease, never below the configured one (the hop also
+        stops LEASE_MARGIN_S before the lease ends, counted from the prefill's answer)."""
         first_token_s = self._spec.decodeFirstTokenTimeoutS
         return max(first_token_s, min(FIRST_TRANSFER_FACTOR * first_token_s, self._kv_lease_duration_s / 2))
 
-    def forget(self, worker: Worker) -> None:
-        """``worker`` went away (unhealthy, restarted, removed): its next transfer handshakes again."""
-        self._transferred = {pair for pair in self._transferred if worker.name not in pair}
+    def forget(self, worker_name: str) -> None:
+        """The worker went away (unhealthy, its breaker open, removed): restarted, it has a new
+        NIXL agent, so its pairs' next transfers get the handshake's deadline again."""
+        self._transferred = {pair for pair in self._transferred if worker_name not in pair}
 
     async def open(self, ctx: RequestContext) -> UpstreamStream:
         """Run the hops up to the decoder's first event; return the open stream."""
@@ -440,6 +443,7 @@ class PdFlow:
         # The prefilled KV is held for kvLeaseDurationS: a decode hop queued past half of it could
         # find it expired and recompute the prompt while counting as disaggregated, so it waits
         # for a decode slot no longer (a 429 instead).
+        prefilled_at = time.monotonic()
         with ctx.trace.span("admission_wait", **{"dpd.pool": "decode"}):
             release = await admit(self._decode_gate, "decode", self._metrics, max_wait_s=self._kv_lease_duration_s / 2,
                                   tenant=ctx.tenant)
@@ -448,16 +452,20 @@ class PdFlow:
             if worker is None:
                 raise pool_unavailable("decode")
             pair = (prefiller, worker.name)
-            deadline_s = (self._spec.decodeFirstTokenTimeoutS if pair in self._transferred
-                          else self.first_transfer_timeout_s())
+            is_first = pair not in self._transferred
+            deadline_s = self._spec.decodeFirstTokenTimeoutS
+            if is_first:  # NIXL's handshake, within what is left of the prefiller's lease
+                left_s = self._kv_lease_duration_s - (time.monotonic() - prefilled_at) - LEASE_MARGIN_S
+                deadline_s = max(deadline_s, min(self.first_transfer_timeout_s(), left_s))
             stream = await self._open(
                 ctx, worker, decode_body(ctx.body, kv_params, with_token_ids=self._with_token_ids),
-                deadline_s, Path.DISAGGREGATED.value
+                deadline_s, Path.DISAGGREGATED.value, is_overhead_sample=not is_first,
             )
             self._transferred.add(pair)
         except _Stall:
             release()
             assert worker is not None  # only _open, with a worker taken, raises _Stall
+            self._transferred.add(pair)  # one long wait per pair: a pair that stalled gets the deadline next
             self._metrics.pd_stalls.labels(worker.name, prefiller).inc()
             log.warning(
                 "request %s: no first token from %s within %.1fs after prefill on %s (P/D stall)",
@@ -560,7 +568,8 @@ class PdFlow:
                 log.warning("request %s: continuation on %s failed: %s", ctx.request_id, worker.name, error.message)
 
     async def _open(
-        self, ctx: RequestContext, worker: Worker, body: dict[str, Any], first_token_timeout_s: float, path_label: str
+        self, ctx: RequestContext, worker: Worker, body: dict[str, Any], first_token_timeout_s: float, path_label: str,
+        *, is_overhead_sample: bool = True,
     ) -> UpstreamStream:
         started = time.monotonic()
         resp: aiohttp.ClientResponse | None = None
@@ -620,8 +629,9 @@ class PdFlow:
         worker.breaker.record_success()
         first_token_s = time.monotonic() - started
         self._metrics.decode_hop_first_token.labels(path_label).observe(first_token_s)
-        if not is_whole and self._endpoint_load is not None:
-            self._endpoint_load.split_overhead.add(first_token_s)  # KV pull + a step + the hop
+        # KV pull + a step + the hop; a pair's first transfer (NIXL's handshake) says nothing of the next
+        if not is_whole and is_overhead_sample and self._endpoint_load is not None:
+            self._endpoint_load.split_overhead.add(first_token_s)
         return stream
 
     @staticmethod

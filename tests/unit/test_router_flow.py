@@ -221,11 +221,30 @@ async def test_a_pairs_first_transfer_waits_for_the_nixl_handshake_and_later_one
     assert router.flow.first_transfer_timeout_s() == pytest.approx(0.8)
     first = await client.post("/v1/completions", json=BODY)
     assert first.status_code == 200 and first.headers["x-dpd-path"] == "disaggregated"
+    assert router.routing.endpoint.split_overhead.num_samples == 0  # the handshake is not a split's overhead
     second = await client.post("/v1/completions", json=BODY)
     assert second.status_code == 200 and second.headers.get("x-dpd-fallback") == "decode_stall"
-    router.flow.forget(router.prefill.workers[0])  # as when the prefiller goes unhealthy
+    router.flow.forget(router.prefill.workers[0].name)  # as when the prefiller goes unhealthy
     again = await client.post("/v1/completions", json=BODY)
     assert again.status_code == 200 and again.headers["x-dpd-path"] == "disaggregated"
+    # A request that finds a worker down opens its breaker before any probe: its pairs go too.
+    assert router.flow._transferred
+    router.decode.workers[0].breaker.record_failure("refused", is_definite=True)
+    assert not router.flow._transferred
+    router.decode.workers[0].breaker.record_success()  # closed again for the fixture's idle check
+
+
+async def test_a_pair_whose_first_transfer_stalled_gets_the_deadline_next(make_router):
+    """One long wait per pair: a first transfer that stalls past the long deadline too is not
+    waited for that long again."""
+    decode = ScriptedWorker(first_token_delay_s=1.0)
+    client = await make_router(ScriptedWorker(), decode, threshold=0, decodeFirstTokenTimeoutS=0.2)
+    started = time.monotonic()
+    first = await client.post("/v1/completions", json=BODY)
+    assert first.headers.get("x-dpd-fallback") == "decode_stall" and time.monotonic() - started >= 0.8
+    started = time.monotonic()
+    second = await client.post("/v1/completions", json=BODY)
+    assert second.headers.get("x-dpd-fallback") == "decode_stall" and time.monotonic() - started < 0.8
 
 
 def test_a_first_transfer_deadline_stays_within_half_the_kv_lease():
@@ -455,7 +474,8 @@ async def test_adaptive_splits_when_the_decoder_streams_and_the_prefill_worker_p
     assert prefill.bodies[0]["kv_transfer_params"]["do_remote_decode"] is True
     await first
     state = (await client.get("/admin/workers")).json()
-    assert state["routing"]["policy"] == "adaptive" and state["routing"]["split_overhead_samples"] == 1
+    # the pair's first transfer (NIXL's handshake) is not a sample of the split's overhead
+    assert state["routing"]["policy"] == "adaptive" and state["routing"]["split_overhead_samples"] == 0
     assert state["pools"]["prefill"]["workers"][0]["prefill_rate_samples"] == 1  # 600 tokens: sampled
 
 
