@@ -6,6 +6,8 @@ utilization) is set by hand, and checks the plan and its reason: every reason is
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from dpd.router.adaptive import AdaptiveDecider, Candidates, recommended_threshold
@@ -448,6 +450,45 @@ def test_the_shortlist_holds_what_a_stable_sort_would_keep(seed):
 
 
 
+
+@pytest.mark.parametrize("seed", range(25))
+def test_splits_scored_in_place_match_every_pair_scored(seed):
+    """``_splits`` scores each pair in place and builds a ``Scored`` only for the best and each
+    prefiller's first: the same plans, bit for bit, as scoring every pair with ``_scored`` and
+    taking the first of the lowest scores (p-major), and each prefiller's first pair."""
+    import random
+
+    rng = random.Random(seed)
+    prefill = [worker(f"prefill-{i}", queued=rng.choice([0, 0, 400, 3000]), streams=rng.randint(0, 3),
+                      rate=rng.choice([400.0, 500.0]), busy_s=rng.choice([0.0, 20.0])) for i in range(rng.randint(1, 4))]
+    decode = [worker(f"decode-{i}", queued=rng.choice([0, 0, 200, 2500]), streams=rng.randint(0, 5),
+                     busy_s=rng.choice([0.0, 30.0])) for i in range(rng.randint(1, 4))]
+    d = AdaptiveDecider(0, EndpointLoad(LoadPriors(split_overhead_s=0.3)), stall_weight=rng.choice([0.5, 1.0]),
+                        max_decode_wait_s=rng.choice([math.inf, 2.0]), max_prefill_wait_s=rng.choice([math.inf, 6.0]))
+    n, m = rng.choice([300, 1500, 4000]), rng.choice([1, 16, 64])
+    candidates = Candidates(prefill, decode, prefill)
+    d.plan(n, m, candidates)  # sets the per-decision caches the helpers read
+    best, firsts = d._splits(candidates, n, m, {})
+    overhead = d.endpoint.split_overhead.value
+    every, expected_firsts = [], []
+    for p in prefill:
+        queue_s = p.load.prefill_s(n)
+        if not queue_s <= d.max_prefill_wait_s:
+            continue
+        ttft = queue_s + overhead
+        prefilling = d._prefilling(Path.DISAGGREGATED, ttft, n / p.load.prefill_tokens_per_s, p)
+        pairs = []
+        for w in decode:
+            decoding, future_stall_s, at_rest = d._decoding(w, m)
+            queued_after_s = max(0.0, w.load.queued_prefill_tokens / w.load.prefill_tokens_per_s - ttft)
+            if queued_after_s <= d.max_decode_wait_s:
+                own = at_rest if queued_after_s == 0.0 else d._own_stream(decoding, future_stall_s + queued_after_s, m)
+                pairs.append(d._scored(Path.DISAGGREGATED, p, decoding, n, None, ttft, prefilling, own,
+                                       decode_wait_s=queued_after_s))
+        every += pairs
+        expected_firsts += pairs[:1]
+    assert firsts == expected_firsts
+    assert best == (min(every, key=lambda s: s.score) if every else None)
 
 def test_max_candidates_below_one_is_refused():
     with pytest.raises(ValueError, match="max_candidates"):
