@@ -125,6 +125,7 @@ class Router:
         log_spec = settings.spec.requestLog
         self.request_log = RequestLog(log_spec.path, log_spec.maxMegabytes << 20) if log_spec.path else None
         spec = settings.spec
+        self.flow: PdFlow | None = None  # before the pools: their breakers' transitions tell it
         self.tenants = TenantRegistry(settings.tenants)
         self.shared_rates = SharedRates(priors_from(spec.adaptive))  # an unmeasured worker is predicted at its peers' rates
         self.prefill = self._make_pool("prefill", settings.prefill_urls, settings.prefill_names)
@@ -155,7 +156,6 @@ class Router:
         self.kv_watch: KvWatch | None = None
         self.kv_events: KvEvents | None = None  # the engines' prefix-cache events, with prefix-aware routing
         self._named_workers: set[str] = set()  # the workers the metrics have series for
-        self.flow: PdFlow | None = None
 
     def _make_pool(self, name: str, urls: tuple[str, ...], names: tuple[str, ...]) -> Pool:
         breaker = self.settings.spec.breaker

@@ -250,24 +250,27 @@ class PdFlow:
         self._decode_gate = decode_gate
         self._endpoint_load = endpoint_load
         self._with_token_ids = spec.migration.maxMigrations > 0
-        # (prefiller, decoder) pairs whose KV transfer has delivered a first token; a pair's first
-        # transfer carries NIXL's handshake (the decoder fetches the prefiller's agent metadata
-        # over its side channel: seconds on a busy or freshly started machine), so it gets
-        # first_transfer_timeout_s. A worker that goes unhealthy leaves (``forget``): restarted,
-        # it has a new NIXL agent and handshakes again.
-        self._transferred: set[tuple[str, str]] = set()  # or stalled once: one long wait per pair
+        # (prefiller, decoder) pairs whose KV transfer has delivered a first token (or stalled
+        # once: one long wait per pair); a pair's first transfer carries NIXL's handshake (the
+        # decoder fetches the prefiller's agent metadata over its side channel: seconds on a busy
+        # or freshly started machine), so it gets first_transfer_timeout_s. Keyed by the Worker
+        # objects, so a worker discovery re-adds (a new object) handshakes again; one that goes
+        # unhealthy, whose breaker opens or that discovery removed leaves (``forget``): restarted,
+        # it has a new NIXL agent.
+        self._transferred: set[tuple[Worker, Worker]] = set()
 
     def first_transfer_timeout_s(self) -> float:
         """The first-token deadline of a pair's first decode hop: FIRST_TRANSFER_FACTOR × the
-        configured one, within half the KV lease, never below the configured one (the hop also
-        stops LEASE_MARGIN_S before the lease ends, counted from the prefill's answer)."""
+        configured one, within half the KV lease, never below the configured one (and within the
+        lease left since the prefill answered, less LEASE_MARGIN_S, unless the configured deadline
+        is longer)."""
         first_token_s = self._spec.decodeFirstTokenTimeoutS
         return max(first_token_s, min(FIRST_TRANSFER_FACTOR * first_token_s, self._kv_lease_duration_s / 2))
 
     def forget(self, worker_name: str) -> None:
         """The worker went away (unhealthy, its breaker open, removed): restarted, it has a new
         NIXL agent, so its pairs' next transfers get the handshake's deadline again."""
-        self._transferred = {pair for pair in self._transferred if worker_name not in pair}
+        self._transferred = {(p, d) for p, d in self._transferred if worker_name not in (p.name, d.name)}
 
     async def open(self, ctx: RequestContext) -> UpstreamStream:
         """Run the hops up to the decoder's first event; return the open stream."""
@@ -341,7 +344,7 @@ class PdFlow:
                     # decoder refused) says nothing of the prefill pool: neutral, not a success.
                     reason = HopOutcome.CANCELLED
                     try:
-                        stream, reason = await self._disaggregated_decode(ctx, kv_params, worker.name)
+                        stream, reason = await self._disaggregated_decode(ctx, kv_params, worker)
                     except ApiError as error:
                         self._kv_abandoned(ctx, worker, f"decode_{error.metric_label or error.status}")
                         raise
@@ -438,8 +441,9 @@ class PdFlow:
         return kv_params, HopOutcome.OK
 
     async def _disaggregated_decode(
-        self, ctx: RequestContext, kv_params: dict[str, Any], prefiller: str
+        self, ctx: RequestContext, kv_params: dict[str, Any], prefiller_worker: Worker
     ) -> tuple[UpstreamStream | None, HopOutcome]:
+        prefiller = prefiller_worker.name
         # The prefilled KV is held for kvLeaseDurationS: a decode hop queued past half of it could
         # find it expired and recompute the prompt while counting as disaggregated, so it waits
         # for a decode slot no longer (a 429 instead).
@@ -451,7 +455,7 @@ class PdFlow:
             worker = self._take(self._decode, ctx.decision.decode, ctx.tenant)
             if worker is None:
                 raise pool_unavailable("decode")
-            pair = (prefiller, worker.name)
+            pair = (prefiller_worker, worker)
             is_first = pair not in self._transferred
             deadline_s = self._spec.decodeFirstTokenTimeoutS
             if is_first:  # NIXL's handshake, within what is left of the prefiller's lease
