@@ -270,7 +270,7 @@ class AdaptiveDecider:
         overhead = self.endpoint.split_overhead.value
         decoders = [(d, d.load.queued_prefill_tokens / d.load.prefill_tokens_per_s, *self._decoding(d, m))
                     for d in candidates.decoders]
-        stall_weight, max_decode_wait_s = self.stall_weight, self.max_decode_wait_s
+        max_decode_wait_s = self.max_decode_wait_s
         firsts: list[Scored] = []
         best: tuple[float, Worker, int, float, _Prefilling, _Decoding, tuple[float, float], float] | None = None
         for p in candidates.prefillers:
@@ -280,9 +280,6 @@ class AdaptiveDecider:
                 continue
             ttft = queue_s + overhead
             prefilling = self._prefilling(Path.DISAGGREGATED, ttft, computed / p.load.prefill_tokens_per_s, p)
-            # _scored's arithmetic, in its order, on what the prefiller fixes
-            ttft_miss, ttft_risk, pushed = prefilling.ttft_miss, prefilling.ttft_risk, prefilling.pushed
-            harm = stall_weight * prefilling.harm_risk
             is_first = True
             for d, decoder_queue_s, decoding, future_stall_s, at_rest in decoders:
                 if d is p:
@@ -293,8 +290,7 @@ class AdaptiveDecider:
                 if not queued_after_s <= max_decode_wait_s:
                     continue
                 own_stream = at_rest if queued_after_s == 0.0 else self._own_stream(decoding, future_stall_s + queued_after_s, m)
-                tpot_miss, exposure_risk = own_stream
-                score = MISS_COST * (ttft_miss + tpot_miss + pushed) + (ttft_risk + exposure_risk) + harm + decoding.tie_break
+                score = self._score(prefilling, own_stream, decoding.tie_break)[1]
                 if is_first:
                     is_first = False
                     firsts.append(self._scored(Path.DISAGGREGATED, p, decoding, computed, None, ttft, prefilling, own_stream,
@@ -343,15 +339,18 @@ class AdaptiveDecider:
 
     def _scored(self, path: Path, p: Worker | None, decoding: _Decoding, computed: int, cached: int | None, ttft: float,
                 prefilling: _Prefilling, own_stream: tuple[float, float], decode_wait_s: float = 0.0) -> Scored:
-        """Misses first, then risk: the share of each SLO budget the plan uses up (its own TTFT
-        and TPOT slack, and each running stream's TPOT slack on the worker that prefills)."""
-        tpot_miss, exposure_risk = own_stream
-        own_misses = prefilling.ttft_miss + tpot_miss
-        own_risk = prefilling.ttft_risk + exposure_risk
-        misses = own_misses + prefilling.pushed
-        score = MISS_COST * misses + own_risk + self.stall_weight * prefilling.harm_risk + decoding.tie_break
+        misses, score = self._score(prefilling, own_stream, decoding.tie_break)
         return Scored(path, decoding.worker, p, computed, cached, ttft, misses, score, prefilling.pushed, prefilling.harm_s,
                       decode_wait_s)
+
+    def _score(self, prefilling: _Prefilling, own_stream: tuple[float, float], tie_break: float) -> tuple[float, float]:
+        """A plan's (misses, score). Misses first, then risk: the share of each SLO budget the plan
+        uses up (its own TTFT and TPOT slack, and each running stream's TPOT slack on the worker
+        that prefills)."""
+        tpot_miss, exposure_risk = own_stream
+        misses = prefilling.ttft_miss + tpot_miss + prefilling.pushed
+        return misses, (MISS_COST * misses + (prefilling.ttft_risk + exposure_risk)
+                        + self.stall_weight * prefilling.harm_risk + tie_break)
 
     def _sorted_slacks(self, w: Worker) -> tuple[list[float], list[float]]:
         """The stream slacks on ``w``, sorted, and for each position the sum of 1 / slack from

@@ -179,7 +179,9 @@ class Router:
             self.metrics.breaker_transitions.labels(pool, worker, state.value).inc()
             self.metrics.breaker_state.labels(pool, worker).set(state.gauge_value)
             if state is BreakerState.OPEN and self.flow is not None:
-                self.flow.forget(worker)  # a request found it down first: it may come back restarted
+                # Down (a failed probe or request: every way a worker turns unhealthy): it may come
+                # back restarted, with a new NIXL agent.
+                self.flow.forget(worker)
 
         return record
 
@@ -235,8 +237,6 @@ class Router:
 
     def _on_worker_change(self, worker: Worker) -> None:
         self.metrics.worker_healthy.labels(worker.pool, worker.name).set(1 if worker.is_healthy else 0)
-        if not worker.is_healthy and self.flow is not None:
-            self.flow.forget(worker.name)  # restarted, it handshakes with its peers again
 
     def _refresh_gauges(self) -> None:
         m = self.metrics
