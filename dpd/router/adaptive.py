@@ -53,7 +53,7 @@ from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from dpd.router.decide import Decision, Path, Reason, checked_threshold
-from dpd.router.load import EndpointLoad, share_above
+from dpd.router.load import EndpointLoad, WorkerLoad, share_above
 from dpd.router.pools import Worker
 
 TTFT_WEIGHT = 0.1
@@ -71,6 +71,9 @@ class Candidates:
     prefillers: Sequence[Worker]  # the prefill side of a split; empty when the prefill pool is unavailable
     decoders: Sequence[Worker]  # the decode pool
     others: Sequence[Worker] = ()  # workers that may also run whole requests (the prefill pool)
+    # The shortlist's keys kept as loads change, for pools whose members never change (the
+    # simulator's): each sequence above must then be one of its pools, or within MAX_CANDIDATES.
+    index: ShortlistIndex | None = None
 
 
 @dataclass(frozen=True)
@@ -220,6 +223,10 @@ class AdaptiveDecider:
         of the prompt in cache, then the least loaded — prefillers by their queue's wait,
         decoders by queued prefill tokens, then streams. Pools within the limit are unchanged."""
         k = self.max_candidates
+        index = candidates.index
+        if index is not None and not cached:
+            return Candidates(index.least_prefill_s(candidates.prefillers, n, k), index.least_loaded(candidates.decoders, k),
+                              index.least_loaded(candidates.others, k))
         held = cached.get
 
         # One pass of attribute reads (a pool of hundreds is read on every decision); with nothing
@@ -384,6 +391,75 @@ class AdaptiveDecider:
         """The stall a new stream of ``m`` tokens can expect from prefills to come on ``w``."""
         u = min(w.load.prefill_utilization(), MAX_UTILIZATION)
         return (m / w.load.decode_tokens_per_s) * u / (1 - u)
+
+
+class ShortlistIndex:
+    """``_shortlist``'s keys for pools whose members never change — the simulator's, where a
+    thousand workers' loads would otherwise be read on every decision: each worker's ``WorkerLoad``
+    marks itself changed (``WorkerLoad.watch``) and a decision re-reads only the workers changed
+    since the last. The workers it selects are exactly those of the pass over the pools (the same
+    keys, of equal keys the earlier worker). The live router does not use it: its candidates are
+    filtered per request (health, draining, tenants), so it reads them."""
+
+    def __init__(self, *pools: Sequence[Worker]):
+        self._pools = {id(workers): _PoolKeys(workers) for workers in pools}
+
+    def _keys(self, workers: Sequence[Worker]) -> _PoolKeys:
+        keys = self._pools.get(id(workers))
+        if keys is None or keys.workers is not workers:
+            raise ValueError("candidates not among the index's pools (ShortlistIndex needs the pools' own sequences)")
+        return keys
+
+    def least_prefill_s(self, workers: Sequence[Worker], n: int, k: int) -> Sequence[Worker]:
+        """The ``k`` workers (in their order) whose prefill of ``n`` tokens sent now ends first."""
+        if len(workers) <= k:
+            return workers
+        keys = self._keys(workers)
+        keys.refresh()
+        rated = keys.rated
+        for i in keys.unmeasured:  # their rate is their peers', which changes with the peers' samples
+            rated[i] = (rated[i][0], workers[i].load.prefill_tokens_per_s)
+        return _k_smallest(workers, [(queued + n) / rate for queued, rate in rated], k)  # Worker.load.prefill_s(n)
+
+    def least_loaded(self, workers: Sequence[Worker], k: int) -> Sequence[Worker]:
+        """The ``k`` workers (in their order) of the fewest queued prefill tokens, then streams."""
+        if len(workers) <= k:
+            return workers
+        keys = self._keys(workers)
+        keys.refresh()
+        return [workers[i] for i in sorted(position for _, _, position in keys.order[:k])]
+
+
+class _PoolKeys:
+    """One pool's keys: (queued prefill tokens, prefill rate) per worker, and (queued tokens,
+    streams, position) per worker kept sorted."""
+
+    def __init__(self, workers: Sequence[Worker]):
+        self.workers = workers
+        self.position = {w.load: i for i, w in enumerate(workers)}
+        self.rated: list[tuple[int, float]] = [(0, 1.0)] * len(workers)
+        self.loaded: list[tuple[int, int, int]] = [(-1, -1, i) for i in range(len(workers))]
+        self.order = sorted(self.loaded)
+        self.unmeasured: set[int] = set()
+        self.changed: set[WorkerLoad] = set()
+        for w in workers:
+            w.load.watch(self.changed)
+
+    def refresh(self) -> None:
+        for load in self.changed:
+            i = self.position[load]
+            key = (load.queued_prefill_tokens, len(load.streams), i)
+            old = self.loaded[i]
+            if key != old:
+                del self.order[bisect.bisect_left(self.order, old)]
+                bisect.insort(self.order, key)
+                self.loaded[i] = key
+            self.rated[i] = (key[0], load.prefill_tokens_per_s)
+            if load.prefill_rate.is_measured:
+                self.unmeasured.discard(i)
+            else:
+                self.unmeasured.add(i)
+        self.changed.clear()
 
 
 def _k_smallest(workers: Sequence[Worker], keys: list[Any], k: int) -> list[Worker]:

@@ -290,6 +290,13 @@ class WorkerLoad:
         self._busy_at = clock()
         self._recent: deque[tuple[float, float]] = deque(maxlen=256)  # (end, service s) of recent prefills
         self._recent_sorted: list[float] | None = None  # their service times, sorted
+        self._watchers: list[set[WorkerLoad]] = []  # sets this load adds itself to when it changes (watch)
+
+    def watch(self, changed: set[WorkerLoad]) -> None:
+        """Add this load to ``changed`` now and whenever its queued prefill tokens, its streams or its
+        own prefill rate change (``ShortlistIndex`` re-reads only the workers that changed)."""
+        self._watchers.append(changed)
+        changed.add(self)
 
     # -- prefill ---------------------------------------------------------------------------------
     def begin_prefill(self, num_tokens: int, expected_tokens: int | None = None) -> PrefillTicket:
@@ -297,6 +304,8 @@ class WorkerLoad:
         self.queued_prefill_tokens += num_tokens
         ticket = PrefillTicket(num_tokens, self._clock(), expected_tokens)
         self.prefills.append(ticket)
+        for changed in self._watchers:
+            changed.add(self)
         return ticket
 
     def end_prefill(self, ticket: PrefillTicket, *, is_ok: bool) -> None:
@@ -306,6 +315,8 @@ class WorkerLoad:
         ticket.is_open = False
         self.prefills.remove(ticket)
         self.queued_prefill_tokens -= ticket.num_tokens
+        for changed in self._watchers:  # read when next asked: the rate below may change too
+            changed.add(self)
         if not is_ok:
             return
         now = self._clock()
@@ -397,6 +408,8 @@ class WorkerLoad:
         """A stream's first token arrived; the caller counts its tokens on the ticket."""
         ticket = StreamTicket(self._clock(), max(1, expected_tokens))
         self.streams.append(ticket)
+        for changed in self._watchers:
+            changed.add(self)
         return ticket
 
     def end_stream(self, ticket: StreamTicket, num_tokens: int | None = None) -> None:
@@ -404,6 +417,8 @@ class WorkerLoad:
         if ticket not in self.streams:
             return
         self.streams.remove(ticket)
+        for changed in self._watchers:
+            changed.add(self)
         if num_tokens is not None:
             ticket.add_tokens(num_tokens, self._clock())
         if len(ticket.gaps_s) >= 4:

@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from dpd.router.adaptive import AdaptiveDecider, Candidates, Slo
+from dpd.router.adaptive import AdaptiveDecider, Candidates, ShortlistIndex, Slo
 from dpd.router.decide import Path, ThresholdDecider
 from dpd.router.load import EndpointLoad, LoadPriors, SharedRates, WorkerLoad
 from dpd.router.pick import LeastOutstandingPicker
@@ -269,6 +269,10 @@ class SimEndpoint:
         self.adaptive = AdaptiveDecider(floor_tokens, self.endpoint, stall_weight=stall_weight, slo=slo,
                                         max_stall_s=max_stall_s)
         self.picker = LeastOutstandingPicker(random.Random(seed))  # the router's default picker
+        # The pools never change here: the shortlist's keys are kept as loads change, not read
+        # from every worker on every decision (the same workers chosen; ShortlistIndex).
+        self.candidates = Candidates(self.prefill, self.decode, self.prefill,
+                                     index=ShortlistIndex(self.prefill, self.decode) if policy == "adaptive" else None)
 
     def replay(self, requests: list[tuple[float, int, int]],
                progress: Callable[[float], None] | None = None) -> list[Outcome]:
@@ -286,7 +290,7 @@ class SimEndpoint:
     def _route(self, o: Outcome) -> None:
         n, m = o.prompt_tokens, o.output_tokens
         if self.policy == "adaptive":
-            plan = self.adaptive.plan(n, m, Candidates(self.prefill, self.decode, self.prefill))
+            plan = self.adaptive.plan(n, m, self.candidates)
             assert plan is not None
             path, reason, p, d = plan.path, plan.reason.value, plan.prefill, plan.decode
             o.predicted_ttft_s = plan.predicted_ttft_s

@@ -450,6 +450,65 @@ def test_the_shortlist_holds_what_a_stable_sort_would_keep(seed):
 
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_the_index_shortlists_the_workers_the_pass_over_the_pools_would(seed):
+    """``ShortlistIndex`` (the simulator's fixed pools) re-reads only the workers whose load
+    changed since the last decision: after every kind of change (prefills sent and finished —
+    which measure a worker's rate, or its peers' for one not yet measured — and streams begun and
+    ended), it keeps the same workers, in the same order, as ``_shortlist``'s pass over the pools."""
+    import random
+
+    from dpd.router.adaptive import ShortlistIndex
+    from dpd.router.load import SharedRates
+
+    rng = random.Random(seed)
+    clock = FakeClock()
+    shared = SharedRates(LoadPriors())
+
+    def pool(name: str, size: int) -> list[Worker]:
+        return [Worker(f"{name}-{i}", f"http://{name}-{i}", name, load=WorkerLoad(LoadPriors(), clock, shared=shared))
+                for i in range(size)]
+
+    prefill, decode = pool("prefill", rng.randint(9, 30)), pool("decode", rng.randint(1, 30))
+    index = ShortlistIndex(prefill, decode)
+    d = decider()
+    d.max_candidates = rng.randint(1, 8)
+    prefills: list = []
+    streams: list = []
+    for _ in range(400):
+        w = rng.choice(prefill[:3] if rng.random() < 0.3 else prefill + decode)  # a few measured soon
+        action = rng.random()
+        clock.now += rng.choice([0.0, 0.05, 0.7])
+        if action < 0.35:
+            prefills.append((w, w.load.begin_prefill(rng.choice([100, 200, 600, 2000]))))
+        elif action < 0.6 and prefills:
+            owner, ticket = prefills.pop(rng.randrange(len(prefills)))
+            owner.load.end_prefill(ticket, is_ok=rng.random() < 0.9)
+        elif action < 0.8:
+            streams.append((w, w.load.begin_stream(64)))
+        elif streams:
+            owner, stream = streams.pop(rng.randrange(len(streams)))
+            owner.load.end_stream(stream, rng.randint(1, 64))
+        if rng.random() < 0.3:
+            n = rng.choice([50, 300, 3000])
+            by_pass = d._shortlist(Candidates(prefill, decode, prefill), n, {})
+            by_index = d._shortlist(Candidates(prefill, decode, prefill, index=index), n, {})
+            assert by_index == by_pass
+    assert any(w.load.prefill_rate.is_measured for w in prefill)  # the measured-rate branch ran
+
+
+def test_the_index_refuses_candidates_outside_its_pools():
+    from dpd.router.adaptive import ShortlistIndex
+
+    prefill = [worker(f"prefill-{i}") for i in range(10)]
+    decode = [worker(f"decode-{i}") for i in range(10)]
+    index = ShortlistIndex(prefill, decode)
+    with pytest.raises(ValueError, match="not among the index's pools"):
+        decider()._shortlist(Candidates(prefill[1:], decode, prefill, index=index), 300, {})
+    cached = {decode[3]: 256}  # prefix-aware: the pass over the pools, which keys by what is cached
+    assert decode[3] in decider()._shortlist(Candidates(prefill, decode, prefill, index=index), 300, cached).decoders
+
+
 
 @pytest.mark.parametrize("seed", range(25))
 def test_splits_scored_in_place_match_every_pair_scored(seed):
