@@ -411,15 +411,43 @@ class ShortlistIndex:
         return keys
 
     def least_prefill_s(self, workers: Sequence[Worker], n: int, k: int) -> Sequence[Worker]:
-        """The ``k`` workers (in their order) whose prefill of ``n`` tokens sent now ends first."""
+        """The ``k`` workers (in their order) whose prefill of ``n`` tokens sent now ends first:
+        the smallest (``Worker.load.prefill_s(n)``, position), looking at few more than ``k``."""
         if len(workers) <= k:
             return workers
         keys = self._keys(workers)
         keys.refresh()
-        rated = keys.rated
+        best: list[tuple[float, int]] = []  # the k smallest (key, position) so far, negated: a max-heap
+
+        def offer(key: float, i: int) -> None:
+            if len(best) < k:
+                heapq.heappush(best, (-key, -i))
+            elif (key, i) < (-best[0][0], -best[0][1]):
+                heapq.heapreplace(best, (-key, -i))
+
         for i in keys.unmeasured:  # their rate is their peers', which changes with the peers' samples
-            rated[i] = (rated[i][0], workers[i].load.prefill_tokens_per_s)
-        return _k_smallest(workers, [(queued + n) / rate for queued, rate in rated], k)  # Worker.load.prefill_s(n)
+            load = workers[i].load
+            offer((load.queued_prefill_tokens + n) / load.prefill_tokens_per_s, i)
+        # The measured ones by queue, then rate (fastest first), then position. No worker after a
+        # group's first with queue q prefills sooner than (q + n) / the fastest rate; within a group
+        # the keys only grow (a correctly rounded division is monotonic): stop, or skip the
+        # group's rest, once past the k-th smallest key.
+        order, size, fastest = keys.by_queue, len(keys.by_queue), keys.fastest()
+        j = 0
+        while j < size:
+            queued = order[j][0]
+            if len(best) == k and (queued + n) / fastest > -best[0][0]:
+                break
+            end = bisect.bisect_right(order, (queued, math.inf, math.inf), lo=j)
+            while j < end:
+                _, negative_rate, i = order[j]
+                key = (queued + n) / -negative_rate
+                if len(best) == k and key > -best[0][0]:
+                    break
+                offer(key, i)
+                j += 1
+            j = end
+        return [workers[i] for i in sorted(-negative_i for _, negative_i in best)]
 
     def least_loaded(self, workers: Sequence[Worker], k: int) -> Sequence[Worker]:
         """The ``k`` workers (in their order) of the fewest queued prefill tokens, then streams."""
@@ -431,33 +459,48 @@ class ShortlistIndex:
 
 
 class _PoolKeys:
-    """One pool's keys: (queued prefill tokens, prefill rate) per worker, and (queued tokens,
-    streams, position) per worker kept sorted."""
+    """One pool's keys, each kept sorted: (queued prefill tokens, streams, position) per worker,
+    and for the workers whose prefill rate is their own (measured), (queued prefill tokens,
+    −rate, position) and their rates; the others' positions (``unmeasured``)."""
 
     def __init__(self, workers: Sequence[Worker]):
         self.workers = workers
         self.position = {w.load: i for i, w in enumerate(workers)}
-        self.rated: list[tuple[int, float]] = [(0, 1.0)] * len(workers)
         self.loaded: list[tuple[int, int, int]] = [(-1, -1, i) for i in range(len(workers))]
         self.order = sorted(self.loaded)
+        self.queued: list[tuple[int, float, int] | None] = [None] * len(workers)
+        self.by_queue: list[tuple[int, float, int]] = []
+        self.rates: list[float] = []  # of the measured workers, sorted
         self.unmeasured: set[int] = set()
         self.changed: set[WorkerLoad] = set()
         for w in workers:
             w.load.watch(self.changed)
 
+    def fastest(self) -> float:
+        return self.rates[-1] if self.rates else math.inf
+
     def refresh(self) -> None:
         for load in self.changed:
             i = self.position[load]
-            key = (load.queued_prefill_tokens, len(load.streams), i)
+            queued = load.queued_prefill_tokens
+            key = (queued, len(load.streams), i)
             old = self.loaded[i]
             if key != old:
                 del self.order[bisect.bisect_left(self.order, old)]
                 bisect.insort(self.order, key)
                 self.loaded[i] = key
-            self.rated[i] = (key[0], load.prefill_tokens_per_s)
+            was = self.queued[i]
+            if was is not None:
+                del self.by_queue[bisect.bisect_left(self.by_queue, was)]
+                del self.rates[bisect.bisect_left(self.rates, -was[1])]
             if load.prefill_rate.is_measured:
+                rate = load.prefill_tokens_per_s
+                self.queued[i] = (queued, -rate, i)
+                bisect.insort(self.by_queue, (queued, -rate, i))
+                bisect.insort(self.rates, rate)
                 self.unmeasured.discard(i)
             else:
+                self.queued[i] = None
                 self.unmeasured.add(i)
         self.changed.clear()
 

@@ -497,6 +497,35 @@ def test_the_index_shortlists_the_workers_the_pass_over_the_pools_would(seed):
     assert any(w.load.prefill_rate.is_measured for w in prefill)  # the measured-rate branch ran
 
 
+def test_the_index_breaks_ties_across_queue_lengths_as_the_pass_does():
+    """Equal keys from different queues and rates (0 + 300 tokens at 300/s and 100 + 300 at 400/s:
+    1 s each): the earlier worker wins, as in the pass over the pool, though the index reaches
+    it after the later one."""
+    from dpd.router.adaptive import ShortlistIndex
+
+    clock = FakeClock()
+
+    def measured(name: str, rate: int) -> Worker:
+        load = WorkerLoad(LoadPriors(), clock)
+        for _ in range(3):  # three prefills of `rate` tokens, a second each
+            ticket = load.begin_prefill(rate)
+            clock.now += 1.0
+            load.end_prefill(ticket, is_ok=True)
+            clock.now += 5.0
+        return Worker(name, f"http://{name}", "prefill", load=load)
+
+    prefill = [measured(f"prefill-{i}", rate) for i, rate in enumerate([200, 400, 200, 300, 200])]
+    prefill[1].load.begin_prefill(100)
+    for w in (prefill[0], prefill[2], prefill[4]):
+        w.load.begin_prefill(1000)
+    assert prefill[1].load.prefill_s(300) == prefill[3].load.prefill_s(300) == 1.0
+    d = decider()
+    d.max_candidates = 1
+    index = ShortlistIndex(prefill, prefill[:1])
+    chosen = d._shortlist(Candidates(prefill, prefill[:1], prefill, index=index), 300, {}).prefillers
+    assert chosen == d._shortlist(Candidates(prefill, prefill[:1], prefill), 300, {}).prefillers == [prefill[1]]
+
+
 def test_the_index_refuses_candidates_outside_its_pools():
     from dpd.router.adaptive import ShortlistIndex
 
