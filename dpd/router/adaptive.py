@@ -72,7 +72,8 @@ class Candidates:
     decoders: Sequence[Worker]  # the decode pool
     others: Sequence[Worker] = ()  # workers that may also run whole requests (the prefill pool)
     # The shortlist's keys kept as loads change, for pools whose members never change (the
-    # simulator's): each sequence above must then be one of its pools, or within MAX_CANDIDATES.
+    # simulator's): each sequence above must then be one of its pools, or no longer than the
+    # decider's ``max_candidates`` (else ValueError).
     index: ShortlistIndex | None = None
 
 
@@ -406,8 +407,9 @@ class ShortlistIndex:
 
     def _keys(self, workers: Sequence[Worker]) -> _PoolKeys:
         keys = self._pools.get(id(workers))
-        if keys is None or keys.workers is not workers:
-            raise ValueError("candidates not among the index's pools (ShortlistIndex needs the pools' own sequences)")
+        if keys is None or keys.workers is not workers or len(workers) != len(keys.position):
+            raise ValueError("candidates not among the index's pools, or a pool changed (ShortlistIndex needs the pools' "
+                             "own sequences, unchanged)")
         return keys
 
     def least_prefill_s(self, workers: Sequence[Worker], n: int, k: int) -> Sequence[Worker]:
@@ -415,6 +417,8 @@ class ShortlistIndex:
         the smallest (``Worker.load.prefill_s(n)``, position), looking at few more than ``k``."""
         if len(workers) <= k:
             return workers
+        if n < 0:  # the walk's bounds hold for a non-negative prompt only
+            raise ValueError(f"a prompt of {n} tokens")
         keys = self._keys(workers)
         keys.refresh()
         best: list[tuple[float, int]] = []  # the k smallest (key, position) so far, negated: a max-heap

@@ -50,6 +50,32 @@ def test_the_adaptive_policy_runs_inside_the_simulator():
     assert {o.reason for o in outs} <= {"short_prompt", "decoder_busy", "prefill_queue_long", "split_no_gain"}
 
 
+def test_the_shortlist_index_changes_no_outcome_of_a_large_endpoint():
+    """Pools larger than the decider's shortlist (12 + 12 workers, 8 per role scored): with the
+    index the simulator keeps (``ShortlistIndex``) and with a pass over the pools on every
+    decision, the same paths, reasons, workers' token times and predicted TTFTs."""
+    import dataclasses
+    import random
+
+    rng = random.Random(7)
+    requests, t = [], 0.0
+    for _ in range(400):
+        t += rng.expovariate(30.0)
+        requests.append((t, rng.choice([40, 300, 900, 2500]), rng.choice([1, 8, 40])))
+    profile = EngineProfile(prefill_tokens_per_s=2000.0, step_overhead_s=0.02, decode_s_per_stream=0.002, kv_transfer_s=0.1)
+
+    def outcomes(with_index: bool) -> list[tuple]:
+        endpoint = SimEndpoint("adaptive", num_prefill=12, num_decode=12, profile=profile)
+        assert endpoint.candidates.index is not None
+        if not with_index:
+            endpoint.candidates = dataclasses.replace(endpoint.candidates, index=None)
+        return [(o.path, o.reason, o.token_times, o.predicted_ttft_s) for o in endpoint.replay(requests)]
+
+    indexed = outcomes(True)
+    assert indexed == outcomes(False)
+    assert {path for path, *_ in indexed} == {"direct", "disaggregated"}
+
+
 def test_an_arrival_cuts_a_decode_only_stretch_at_the_step_under_way():
     """a decodes alone in 0.1 s steps (one event for the stretch); b arrives at 0.55, inside the
     step ending at 0.6, and its 100-token prefill runs in the next step (0.1 + 1 s) beside a's token."""
