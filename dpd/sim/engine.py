@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import random
 from collections import deque
 from collections.abc import Callable
@@ -43,6 +44,21 @@ class EngineProfile:
     max_batched_tokens: int = 2048
     max_num_seqs: int = 256  # requests in a step at most (vLLM's default on CPU and smaller GPUs)
     kv_transfer_s: float = 0.25  # the decode hop's first token after the prefill answered
+
+    def __post_init__(self) -> None:
+        # A profile is read from a file a user may have edited: a zero step time would loop
+        # forever, a negative rate would plan nonsense, a string would fail mid-search.
+        for name, low, is_int in (("prefill_tokens_per_s", 0, False), ("step_overhead_s", None, False),
+                                  ("decode_s_per_stream", None, False), ("kv_transfer_s", None, False),
+                                  ("max_batched_tokens", 0, True), ("max_num_seqs", 0, True)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int if is_int else (int, float)):
+                raise ValueError(f"{name} must be {'an integer' if is_int else 'a number'}, not {value!r}")
+            if not math.isfinite(value) or value < 0 or (low is not None and value <= low):
+                raise ValueError(f"{name} must be {'positive' if low is not None else 'zero or more'} and finite, "
+                                 f"not {value!r}")
+        if self.step_overhead_s + self.decode_s_per_stream <= 0:
+            raise ValueError("a decode step must take some time: step_overhead_s or decode_s_per_stream above 0")
 
 
 @dataclass(eq=False)  # each job is itself: found in the engine's lists by identity

@@ -63,10 +63,13 @@ class Profile:
 
     @classmethod
     def load(cls, path: str | Path) -> Profile:
-        data = json.loads(Path(path).read_text())
+        text = Path(path).read_text()
         try:
+            data = json.loads(text)
+            if not isinstance(data, dict) or not isinstance(data.get("engine"), dict):
+                raise ValueError("no \"engine\" object")
             return cls(engine=EngineProfile(**data.pop("engine")), **{**data, "notes": tuple(data.get("notes", ()))})
-        except (TypeError, KeyError) as exc:
+        except (TypeError, KeyError, ValueError) as exc:
             raise ValueError(f"{path} is not a dpd profile: {exc}") from None
 
 

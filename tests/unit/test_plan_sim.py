@@ -91,6 +91,32 @@ def test_a_profile_measures_a_workers_known_speeds(fake_worker, tmp_path):
     assert Profile.load(path) == profile
 
 
+@pytest.mark.parametrize("engine, error", [
+    ({"prefill_tokens_per_s": 0}, "prefill_tokens_per_s must be positive"),
+    ({"prefill_tokens_per_s": -5.0}, "prefill_tokens_per_s must be positive"),
+    ({"prefill_tokens_per_s": "fast"}, "prefill_tokens_per_s must be a number"),
+    ({"kv_transfer_s": float("nan")}, "kv_transfer_s must be zero or more and finite"),
+    ({"max_batched_tokens": 2048.5}, "max_batched_tokens must be an integer"),
+    ({"max_num_seqs": 0}, "max_num_seqs must be positive"),
+    ({"step_overhead_s": 0.0, "decode_s_per_stream": 0.0}, "a decode step must take some time"),
+    ({"speed": 1.0}, "unexpected keyword"),
+])
+def test_a_profile_file_with_bad_figures_is_refused_by_name(tmp_path, engine, error):
+    """A profile is a file users edit: a bad figure is named, not a traceback or a loop mid-search."""
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps({"engine": {"prefill_tokens_per_s": 500.0, **engine}, "source": "measured"}))
+    with pytest.raises(ValueError, match=f"is not a dpd profile: .*{error}"):
+        Profile.load(path)
+
+
+@pytest.mark.parametrize("text", ["not json", "[1, 2]", "{}", '{"engine": 3}'])
+def test_a_file_that_is_no_profile_is_refused(tmp_path, text):
+    path = tmp_path / "profile.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match="is not a dpd profile"):
+        Profile.load(path)
+
+
 def test_a_modelled_profile_is_a_roofline_and_says_so():
     p = modelled("h100-sxm", 8, kv_bytes_per_token=131072)  # an 8B model, 128 KiB of KV per token
     assert p.source == "modelled" and "not measured" in p.notes[0]
@@ -357,8 +383,8 @@ def test_the_split_is_measured_under_the_static_split_and_the_policy_restored(mo
 def test_the_speed_benchmarks_cluster_load_is_the_trace_replicated_to_fill_the_workers():
     from dpd.sim import speed
 
-    profile = EngineProfile(prefill_tokens_per_s=100.0, step_overhead_s=0.0, decode_s_per_stream=0.0)
-    trace = [(float(t), 100, 1) for t in range(0, 600, 10)]  # 10 minutes, one second of work every 10 s
+    profile = EngineProfile(prefill_tokens_per_s=100.0, step_overhead_s=1e-12, decode_s_per_stream=0.0)
+    trace = [(float(t), 100, 1) for t in range(0, 600, 10)]  # 10 minutes, one second of work every 10 s (and 1e-12)
     hour = speed.replicated(trace, 20, profile, hours=1.0, utilization=0.5)
     # an hour is the trace six times (360 requests, 360 s of work); 20 workers at 50% need 36,000 s: 100 copies
     assert len(hour) == 360 * 100
