@@ -95,6 +95,23 @@ def _number_list(kind: type, minimum: float):
     return parse
 
 
+def _real(low: float, high: float = math.inf, *, may_equal_low: bool = False):
+    """An argparse type: one finite number above ``low`` (or equal to it, ``may_equal_low``) and at
+    most ``high`` (a usage error otherwise)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not math.isfinite(value) or value < low or (value == low and not may_equal_low) or value > high:
+            bounds = f"{'>=' if may_equal_low else '>'} {low:g}" + (f" and <= {high:g}" if high < math.inf else "")
+            raise argparse.ArgumentTypeError(f"must be a finite number {bounds}, got {text!r}")
+        return value
+
+    return parse
+
+
 def _refused(command: str, problems: list[str]) -> bool:
     """Print each of a command's input problems on its own line; True when there were any."""
     for problem in problems:
@@ -655,7 +672,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="request rates (req/s) to run; with --bisect, the bracket LO,HI")
     b.add_argument("--bisect", type=int, default=0, metavar="STEPS",
                    help="find capacity by bisecting LO,HI this many times (after measuring LO and HI)")
-    b.add_argument("--compare-at", type=float, default=0.7,
+    b.add_argument("--compare-at", type=_real(0, may_equal_low=True), default=0.7,
                    help="also run every scenario at this share of colocated capacity (the same-load ratios); 0: skip")
     b.add_argument("--sweep-thresholds", type=_number_list(int, 0), default=(),
                    help="comma-separated thresholds: goodput vs threshold on the P/D endpoint")
@@ -668,13 +685,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="replicas of each pool (a colocated endpoint runs 2N full workers); more than the cores "
                    "share them")
     b.add_argument("--burstiness", type=float, default=1.0, help="synthetic arrivals: gamma shape (1 = Poisson, <1 burstier)")
-    b.add_argument("--duration", type=float, default=90, help="seconds of trace per rate")
+    b.add_argument("--duration", type=_real(0), default=90, help="seconds of trace per rate")
     b.add_argument("--threshold", type=int, default=1024, help="routing threshold of the dpd scenario")
-    b.add_argument("--slo-ttft", type=float, default=10.0, help="TTFT SLO, seconds")
-    b.add_argument("--slo-tpot", type=float, default=0.2, help="TPOT SLO, seconds")
-    b.add_argument("--max-prompt-tokens", type=int, default=4096)
-    b.add_argument("--max-output-tokens", type=int, default=64)
-    b.add_argument("--output-scale", type=float, default=0.5)
+    b.add_argument("--slo-ttft", type=_real(0), default=10.0, help="TTFT SLO, seconds")
+    b.add_argument("--slo-tpot", type=_real(0), default=0.2, help="TPOT SLO, seconds")
+    b.add_argument("--max-prompt-tokens", type=_at_least(1), default=4096)
+    b.add_argument("--max-output-tokens", type=_at_least(1), default=64)
+    b.add_argument("--output-scale", type=_real(0), default=0.5)
     b.add_argument("--trace", default=str(DEFAULT_TRACE_DIR),
                    help="the Azure trace's directory, or a request log (router.requestLog) to replay what an endpoint served")
     b.add_argument("--out", default="results/bench", help="directory for results.json and report.md")
@@ -701,11 +718,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--adaptive-ttft-target", type=float, default=None,
                    help="the TTFT target the adaptive policy plans against, seconds (router.adaptive.ttftSloS; default: "
                         "--slo-ttft); requests are still judged by --slo-ttft")
-    b.add_argument("--slo-ttft", type=float, default=10.0, help="TTFT SLO, seconds")
-    b.add_argument("--slo-tpot", type=float, default=0.2, help="TPOT SLO, seconds")
-    b.add_argument("--max-prompt-tokens", type=int, default=768,
+    b.add_argument("--slo-ttft", type=_real(0), default=10.0, help="TTFT SLO, seconds")
+    b.add_argument("--slo-tpot", type=_real(0), default=0.2, help="TPOT SLO, seconds")
+    b.add_argument("--max-prompt-tokens", type=_at_least(1), default=768,
                    help="prompt cap: an isolated prefill of it takes ~3 s (30%% of the 10 s TTFT SLO) on this machine's workers")
-    b.add_argument("--max-output-tokens", type=int, default=48)
+    b.add_argument("--max-output-tokens", type=_at_least(1), default=48)
     b.add_argument("--burstiness", type=float, default=1.0, help="synthetic arrivals: gamma shape (1 = Poisson, <1 burstier)")
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--trace", default=str(DEFAULT_TRACE_DIR))
@@ -714,7 +731,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = bench.add_parser("crosscheck", help="our client's TTFT/TPOT/ITL against `vllm bench serve`'s on one endpoint")
     b.add_argument("--num-prompts", type=int, help="requests per run (default 40)")
-    b.add_argument("--rate", type=float, help="Poisson request rate, req/s (default 0.5)")
+    b.add_argument("--rate", type=_real(0), help="Poisson request rate, req/s (default 0.5)")
     b.add_argument("--input-tokens", type=int, help="prompt length (default 256)")
     b.add_argument("--output-tokens", type=int, help="output length, forced (default 32)")
     b.add_argument("--rounds", type=int, help="runs per tool, interleaved; round k replays one schedule with both tools (default 3)")
@@ -722,12 +739,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(func=_cmd_bench_crosscheck)
 
     b = bench.add_parser("correctness", help="under mixed load: greedy outputs equal colocated ones, every stall counted")
-    b.add_argument("--rate", type=float, default=0.15, help="request rate (req/s) of the background trace load")
-    b.add_argument("--duration", type=float, default=150, help="seconds of trace load; the probes spread over it")
+    b.add_argument("--rate", type=_real(0), default=0.15, help="request rate (req/s) of the background trace load")
+    b.add_argument("--duration", type=_real(0), default=150, help="seconds of trace load; the probes spread over it")
     b.add_argument("--threshold", type=int, default=1024, help="routing threshold of the dpd endpoint")
     b.add_argument("--short", type=int, default=10, help="number of ~100-token probes")
     b.add_argument("--long", type=int, default=10, help="number of ~1,500-token probes")
-    b.add_argument("--max-prompt-tokens", type=int, default=2048, help="cap on the load's prompts (fp32 prefill)")
+    b.add_argument("--max-prompt-tokens", type=_at_least(1), default=2048, help="cap on the load's prompts (fp32 prefill)")
     b.add_argument("--trace", default=str(DEFAULT_TRACE_DIR))
     b.add_argument("--out", default="results/correctness", help="directory for results.json and report.md")
     b.set_defaults(func=_cmd_bench_correctness)
@@ -741,8 +758,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="directory of the Azure LLM trace CSVs, or a request log (router.requestLog) to audit what was served")
     b.add_argument("--sources", default="conv,code", help="which trace files to merge")
     b.add_argument("--threshold", type=int, default=DEFAULT_ROUTING_THRESHOLD_TOKENS)
-    b.add_argument("--rate-multiplier", type=float, default=1.0)
-    b.add_argument("--max-prompt-tokens", type=int, help="fit prompts into a model's context")
+    b.add_argument("--rate-multiplier", type=_real(0), default=1.0)
+    b.add_argument("--max-prompt-tokens", type=_at_least(1), help="fit prompts into a model's context")
     b.set_defaults(func=_cmd_bench_audit)
 
     p = sub.add_parser("profile", help="measure a worker's prefill and decode speed for the simulator (dpd plan)")
@@ -753,8 +770,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batched-tokens", type=int, default=2048, help="the engine's per-step token budget")
     p.add_argument("--modelled", help="no measurement: a profile from datasheet figures for this hardware "
                    "(h100-sxm, h200, a100-80g, l4)")
-    p.add_argument("--params-billion", type=float, help="--modelled: the model's parameters, billions")
-    p.add_argument("--kv-bytes-per-token", type=float, help="--modelled: KV cache bytes per token (all layers)")
+    p.add_argument("--params-billion", type=_real(0), help="--modelled: the model's parameters, billions")
+    p.add_argument("--kv-bytes-per-token", type=_real(0), help="--modelled: KV cache bytes per token (all layers)")
     p.add_argument("--context-tokens", type=int, default=2048, help="--modelled: a typical stream's context")
     p.add_argument("--out", default="profile.json")
     p.set_defaults(func=_cmd_profile)
@@ -765,21 +782,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the Azure trace's directory, a request log (router.requestLog), or `synthetic`")
     p.add_argument("--rate", type=float, default=0.5, help="the request rate to serve (req/s)")
     p.add_argument("--requests", type=int, default=300, help="requests simulated per candidate")
-    p.add_argument("--slo-ttft", type=float, default=10.0)
-    p.add_argument("--slo-tpot", type=float, default=0.2)
-    p.add_argument("--target", type=float, default=0.9, help="the share of requests that must meet the SLO")
+    p.add_argument("--slo-ttft", type=_real(0), default=10.0)
+    p.add_argument("--slo-tpot", type=_real(0), default=0.2)
+    p.add_argument("--target", type=_real(0, 1), default=0.9, help="the share of requests that must meet the SLO")
     p.add_argument("--max-workers", type=int, default=4)
     p.add_argument("--min-workers", type=int, default=1)
     p.add_argument("--policies", default="colocated,threshold,adaptive")
     p.add_argument("--thresholds", type=_number_list(int, 0), default=(512, 1024), help="the static split's thresholds to try")
-    p.add_argument("--max-prompt-tokens", type=int, default=8192)
-    p.add_argument("--max-output-tokens", type=int, default=512)
-    p.add_argument("--price-per-worker-hour", type=float, help="adds cost per million output tokens")
+    p.add_argument("--max-prompt-tokens", type=_at_least(1), default=8192)
+    p.add_argument("--max-output-tokens", type=_at_least(1), default=512)
+    p.add_argument("--price-per-worker-hour", type=_real(0, may_equal_low=True), help="adds cost per million output tokens")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--speed", action="store_true", help="instead: how fast the simulator runs here (simulated "
                    "requests per second per policy, and a cluster with --cluster-workers)")
     p.add_argument("--cluster-workers", type=_at_least(0), default=0, help="--speed: also simulate this many workers")
-    p.add_argument("--cluster-hours", type=float, default=1.0, help="--speed: hours of traffic for the cluster")
+    p.add_argument("--cluster-hours", type=_real(0), default=1.0, help="--speed: hours of traffic for the cluster")
     p.add_argument("--cluster-policy", choices=("threshold", "adaptive"), default="threshold",
                    help="--speed: the cluster's routing policy (a 1:1 P:D split)")
     p.add_argument("--jobs", type=_at_least(1), default=len(os.sched_getaffinity(0)), help="processes simulating candidates in parallel "
@@ -787,7 +804,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="planned-endpoint.yaml", help="where the recommended config is written")
     p.add_argument("--check", metavar="LADDER_RESULTS", help="instead: the simulator against a `dpd bench ladder` "
                    "results.json (predicted vs measured, per run)")
-    p.add_argument("--speed-under-load", type=float, default=1.0, metavar="S",
+    p.add_argument("--speed-under-load", type=_real(0), default=1.0, metavar="S",
                    help="simulate the workers at S × the profile's speed (a profile times one worker alone; "
                    "serving, it shares the machine): 0.85 fitted this project's 2-core machine")
     p.add_argument("--fit-speed", action="store_true", help="with --check: the --speed-under-load (1.0 down to 0.5) "

@@ -81,17 +81,22 @@ class _Ladder:
 
 def _load(results_path: str | Path) -> _Ladder:
     """A ladder's results, its request sets rebuilt once (the trace is read from disk)."""
-    results = json.loads(Path(results_path).read_text())
-    spec = _spec(results)
-    # Each run's own request set: round r of a ladder with --windows ran window r mod windows.
-    sets = {key: request_set(spec, key[0], window=key[1])[0]
-            for key in {(r["workload"], r.get("window", 0)) for r in results["runs"]}}
-    runs = [_Run(run["workload"], run["scenario"], run["rate_rps"],
-                 [(r.arrival_s, r.num_prompt_tokens, r.num_output_tokens)
-                  for r in at_rate(sets[(run["workload"], run.get("window", 0))], run["rate_rps"])],
-                 [RequestRecord(**r) for r in run["records"]])
-            for run in results["runs"] if run["scenario"] in POLICY]
-    return _Ladder(spec, runs)
+    text = Path(results_path).read_text()
+    try:
+        results = json.loads(text)
+        spec = _spec(results)
+        runs = results["runs"]
+        # Each run's own request set: round r of a ladder with --windows ran window r mod windows.
+        sets = {key: request_set(spec, key[0], window=key[1])[0]
+                for key in {(r["workload"], r.get("window", 0)) for r in runs}}
+        return _Ladder(spec, [_Run(run["workload"], run["scenario"], run["rate_rps"],
+                                   [(r.arrival_s, r.num_prompt_tokens, r.num_output_tokens)
+                                    for r in at_rate(sets[(run["workload"], run.get("window", 0))], run["rate_rps"])],
+                                   [RequestRecord(**r) for r in run["records"]])
+                              for run in runs if run["scenario"] in POLICY])
+    except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{results_path} is not a `dpd bench ladder` results.json (no {exc})" if isinstance(exc, KeyError)
+                         else f"{results_path} is not a `dpd bench ladder` results.json ({exc})") from None
 
 
 def check(results_path: str | Path, profile: EngineProfile) -> list[Comparison]:

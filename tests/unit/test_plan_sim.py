@@ -199,6 +199,45 @@ def test_dpd_plan_refuses_what_it_cannot_search(tmp_path, capsys, argv, says):
     assert not (tmp_path / "o.yaml").exists()
 
 
+@pytest.mark.parametrize("argv, says", [
+    (["plan", "--slo-ttft", "-1"], "argument --slo-ttft: must be a finite number > 0, got '-1'"),
+    (["plan", "--slo-tpot", "nan"], "argument --slo-tpot: must be a finite number > 0"),
+    (["plan", "--target", "2"], "argument --target: must be a finite number > 0 and <= 1"),
+    (["plan", "--price-per-worker-hour", "-3"], "argument --price-per-worker-hour: must be a finite number >= 0"),
+    (["plan", "--max-prompt-tokens", "0"], "argument --max-prompt-tokens"),
+    (["plan", "--speed-under-load", "fast"], "argument --speed-under-load: expected a number, got 'fast'"),
+    (["bench", "ladder", "--slo-ttft", "0"], "argument --slo-ttft"),
+    (["bench", "run", "--duration", "-5"], "argument --duration"),
+    (["bench", "correctness", "--rate", "0"], "argument --rate"),
+])
+def test_a_figure_out_of_range_is_a_usage_error(tmp_path, capsys, argv, says):
+    """SLOs, shares, prices, durations and rates out of range stop at the command line (exit 2)
+    before any work starts, naming the argument."""
+    from dpd.cli import main
+
+    profile = tmp_path / "profile.json"
+    profile.write_text(Profile(EngineProfile(), "measured", "test cpu").to_json())
+    extra = ["--profile", str(profile), "--out", str(tmp_path / "o.yaml")] if argv[0] == "plan" else []
+    with pytest.raises(SystemExit) as exited:
+        main([*argv, *extra])
+    assert exited.value.code == 2
+    assert says in capsys.readouterr().err
+    assert not (tmp_path / "o.yaml").exists()
+
+
+def test_plan_check_names_a_file_that_is_no_ladder_results(tmp_path, capsys):
+    from dpd.cli import main
+
+    profile = tmp_path / "profile.json"
+    profile.write_text(Profile(EngineProfile(), "measured", "test cpu").to_json())
+    for text, says in [("{}", "(no 'spec')"), ("[1]", "is not a `dpd bench ladder` results.json"), ("nope", "Expecting value")]:
+        results = tmp_path / "results.json"
+        results.write_text(text)
+        assert main(["plan", "--profile", str(profile), "--check", str(results)]) == 2
+        err = capsys.readouterr().err
+        assert says in err and "is not a `dpd bench ladder` results.json" in err
+
+
 def _ladder_results(tmp_path, spec, records, scenarios, rate, window=0):
     """A ``dpd bench ladder`` results.json of one round: ``records`` (RequestRecords) for each scenario."""
     from dataclasses import asdict
