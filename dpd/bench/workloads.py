@@ -55,9 +55,18 @@ def load_azure_trace(directory: str | Path, sources: tuple[str, ...] = ("conv", 
     for source in sources:
         if source not in AZURE_FILES:
             raise ValueError(f"unknown trace source {source!r}; allowed: {', '.join(AZURE_FILES)}")
-        with open(Path(directory) / AZURE_FILES[source], newline="") as f:
-            for row in csv.DictReader(f):
-                rows.append((_parse_time(row["TIMESTAMP"]), int(row["ContextTokens"]), int(row["GeneratedTokens"]), source))
+        path = Path(directory) / AZURE_FILES[source]
+        with open(path, newline="") as f:
+            reader = csv.DictReader(f)
+            for row in reader:
+                try:
+                    prompt, output = int(row["ContextTokens"]), int(row["GeneratedTokens"])
+                    if prompt < 0 or output < 0:
+                        raise ValueError(f"a negative token count: {prompt}, {output}")
+                    rows.append((_parse_time(row["TIMESTAMP"]), prompt, output, source))
+                except (KeyError, TypeError, ValueError) as exc:  # a missing column, a short row, not a number
+                    problem = f"no {exc} column" if isinstance(exc, KeyError) else str(exc)
+                    raise ValueError(f"{path}, line {reader.line_num}: not an Azure trace row ({problem})") from None
     if not rows:
         return []
     rows.sort(key=lambda r: r[0])

@@ -115,6 +115,24 @@ def test_load_azure_trace_merges_by_time(tmp_path):
         load_azure_trace(tmp_path, ("chat",))
 
 
+@pytest.mark.parametrize("row, says", [
+    ("2023-11-16 18:00:03.0000000,abc,1", "invalid literal"),
+    ("yesterday,10,1", "does not match format"),
+    ("2023-11-16 18:00:03.0000000,10", "not 'NoneType'"),
+    ("2023-11-16 18:00:03.0000000,-10,1", "a negative token count"),
+])
+def test_a_bad_trace_row_is_named_by_file_and_line(tmp_path, row, says):
+    """A trace is a file users bring: a bad row is a ValueError naming the file and line (the CLI
+    prints it and exits 2), not a traceback from deep in the parser."""
+    (tmp_path / "AzureLLMInferenceTrace_conv.csv").write_text(
+        f"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:00:00.5000000,10,1\n{row}\n")
+    with pytest.raises(ValueError, match=f"AzureLLMInferenceTrace_conv.csv, line 3: not an Azure trace row .*{says}"):
+        load_azure_trace(tmp_path, ("conv",))
+    (tmp_path / "AzureLLMInferenceTrace_conv.csv").write_text("TIMESTAMP,Tokens\n2023-11-16 18:00:00.5000000,10\n")
+    with pytest.raises(ValueError, match="line 2: not an Azure trace row \\(no 'ContextTokens' column\\)"):
+        load_azure_trace(tmp_path, ("conv",))
+
+
 def test_trace_at_rate_keeps_the_window_and_hits_the_rate():
     from dpd.bench.run import TRACE_OFFSET, BenchSpec, trace_at_rate
 
