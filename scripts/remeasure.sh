@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Re-measure every figure of BENCHMARKS.md in one background run (~2 h 20 min on the project's 2-core
+# Re-measure every figure of BENCHMARKS.md in one background run (~2 h 15 min on the project's 2-core
 # machine; each step's time is in README.md). Run it on a quiet machine: anything else on the
 # cores shows up as client lag (flagged in the ladder's report) and in every latency.
 #
@@ -97,7 +97,7 @@ for workload in trace synthetic; do
     fi
 done
 # The hour of a 1,000-worker cluster under the static policy (~3½ min), then under the adaptive
-# policy (~13 min: BENCHMARKS.md).
+# policy (~9 min: BENCHMARKS.md).
 step sim-speed "$DPD" plan --speed --profile "$profile" --cluster-workers 1000 --cluster-hours 1 --cluster-policy threshold
 step sim-speed-adaptive "$DPD" plan --speed --profile "$profile" --cluster-workers 1000 --cluster-hours 1 \
     --cluster-policy adaptive
