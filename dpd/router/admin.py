@@ -20,7 +20,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -48,12 +48,15 @@ class WorkerControl(Protocol):
 
 
 async def _json_body(request: Request, timeout_s: float) -> dict[str, Any]:
-    raw = await read_body(request, MAX_ADMIN_BODY_BYTES, timeout_s)
+    try:
+        raw = await read_body(request, MAX_ADMIN_BODY_BYTES, timeout_s)
+    except ClientDisconnect:  # nobody to answer; no change made
+        raise ApiError(499, "The client left before its body arrived.", code="client_closed") from None
     if not raw.strip():
         return {}
     try:
         body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, an integer too long, nesting too deep
         raise bad_request("The body must be a JSON object.") from None
     if not isinstance(body, dict):
         raise bad_request("The body must be a JSON object.")

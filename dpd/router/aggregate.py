@@ -32,8 +32,11 @@ class StreamAggregator:
                 delta = choice.get("delta") or {}
                 if delta.get("content"):
                     self._text.append(delta["content"])
-                if delta.get("reasoning_content"):
-                    self._reasoning.append(delta["reasoning_content"])
+                # vLLM 0.32 streams a reasoning parser's output as ``reasoning`` (earlier releases,
+                # and other engines, as ``reasoning_content``)
+                reasoning = delta.get("reasoning") or delta.get("reasoning_content")
+                if reasoning:
+                    self._reasoning.append(reasoning)
             elif choice.get("text"):
                 self._text.append(choice["text"])
             self._merge_logprobs(choice.get("logprobs"))
@@ -56,7 +59,7 @@ class StreamAggregator:
         if self.is_chat:
             message: dict[str, Any] = {"role": "assistant", "content": text}
             if self._reasoning:
-                message["reasoning_content"] = "".join(self._reasoning)
+                message["reasoning"] = "".join(self._reasoning)  # as the engine answers unstreamed
             choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": self._logprobs}
             obj = "chat.completion"
         else:
@@ -76,9 +79,10 @@ def has_finish(chunk: dict[str, Any]) -> bool:
 
 
 def num_content_tokens(chunk: dict[str, Any]) -> int:
-    """1 if the chunk carries generated text or content, else 0 (finish-only chunks carry none)."""
+    """1 if the chunk carries generated text, content or reasoning, else 0 (finish-only chunks
+    carry none): the first such chunk is the first token, for TTFT."""
     for choice in chunk.get("choices") or ():
         delta = choice.get("delta") or {}
-        if choice.get("text") or delta.get("content") or delta.get("reasoning_content"):
+        if choice.get("text") or delta.get("content") or delta.get("reasoning") or delta.get("reasoning_content"):
             return 1
     return 0

@@ -724,7 +724,9 @@ def _both(first: Callable[[], None], second: Callable[[], None]) -> Callable[[],
 def build_app(router: Router) -> Starlette:
     async def http_error(request: Request, exc: HTTPException) -> Response:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", type=kind).response()
+        response = ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", type=kind).response()
+        response.headers.update(exc.headers or {})  # a 405's Allow
+        return response
 
     async def api_error(request: Request, exc: ApiError) -> Response:
         return exc.response()

@@ -214,6 +214,10 @@ async def _error_from(resp: aiohttp.ClientResponse, worker: Worker) -> ApiError:
         message = err.get("message") or text
     except (json.JSONDecodeError, AttributeError):
         err, message = {}, text
+    if resp.status in (401, 403):
+        # The router's own credentials (pdSpec's worker API key) refused: a broken worker for the
+        # breakers, a 502 for the client — never the client's "unauthorized".
+        return worker_failed(worker.pool, worker.name, f"HTTP {resp.status}: it refused the router's worker API key")
     if 400 <= resp.status < 500:
         # The worker judged the request itself invalid: report it as the client's error.
         return ApiError(resp.status, str(message)[:2000], param=err.get("param"), code=err.get("code"))
@@ -408,7 +412,7 @@ class PdFlow:
             ) as resp:
                 if resp.status != 200:
                     error = await _error_from(resp, worker)
-                    if 400 <= resp.status < 500:
+                    if error.status < 500:
                         breaker.record_success()  # the worker answered; the request was bad
                         raise error
                     log.warning("request %s: prefill %s: %s", ctx.request_id, worker.name, error.message)

@@ -85,6 +85,9 @@ class Message(BaseModel):
     role: Literal["system", "user", "assistant", "developer"]
     content: StrictStr | Annotated[list[TextPart], Field(min_length=1)]
     name: StrictStr | None = None
+    # an earlier assistant turn's reasoning, sent back as the engine gave it (vLLM accepts both)
+    reasoning: StrictStr | None = None
+    reasoning_content: StrictStr | None = None
 
 
 class ChatCompletionRequest(_Request):
@@ -140,9 +143,16 @@ def _param_of(loc: tuple[Any, ...]) -> str:
 def parse_body(raw: bytes, kind: type[_Request]) -> tuple[dict[str, Any], _Request]:
     """Decode and validate a request body; raise a 4xx ``ApiError`` naming what is wrong."""
     body = _load_object(raw)
+    if kind is CompletionRequest:
+        _unwrap_single_prompt(body)
     parsed = _validate(body, kind)
     if parsed.stream_options is not None and not parsed.stream:
         raise bad_request("'stream_options' is only allowed when 'stream' is true.", param="stream_options")
+    max_tokens = requested_max_tokens(parsed)
+    if parsed.min_tokens is not None and max_tokens is not None and parsed.min_tokens > max_tokens:
+        # the engine refuses it too, but only at the decode hop, after a whole prefill
+        raise bad_request(f"'min_tokens' ({parsed.min_tokens}) must not exceed the maximum number of tokens to generate "
+                          f"({max_tokens}).", param="min_tokens")
     return body, parsed
 
 
@@ -181,6 +191,8 @@ def _load_object(raw: bytes) -> dict[str, Any]:
         except UnicodeEncodeError:
             raise bad_request("Request body holds an unpaired UTF-16 surrogate escape (\\uD800–\\uDFFF).",
                               code="invalid_encoding") from None
+        except RecursionError:  # nested just deep enough for loads, not for dumps
+            raise bad_request("Request body is not acceptable JSON: RecursionError.", code="invalid_json") from None
     return body
 
 
@@ -197,6 +209,19 @@ def _validate(body: dict[str, Any], kind: type[_Model]) -> _Model:
         if param in ("n", "best_of"):
             raise bad_request(f"'{param}' must be 1: dpd serves one choice per request.", param=param) from None
         raise bad_request(f"Invalid value for '{param}': {err['msg']}.", param=param) from None
+
+
+def _unwrap_single_prompt(body: dict[str, Any]) -> None:
+    """``prompt`` as a list of one prompt (a string, or a list of token ids) — what OpenAI SDK
+    wrappers such as LangChain's send — is that prompt; several in one request (a batch, which
+    the API answers with a choice each) are refused by name."""
+    prompt = body.get("prompt")
+    if not isinstance(prompt, list) or not prompt or not all(isinstance(p, (str, list)) for p in prompt):
+        return  # a string, token ids, or something _validate names
+    if len(prompt) > 1:
+        raise bad_request(f"'prompt' holds {len(prompt)} prompts: dpd serves one prompt per request (send each "
+                          "on its own).", param="prompt")
+    body["prompt"] = prompt[0]
 
 
 def requested_max_tokens(parsed: _Request) -> int | None:

@@ -62,6 +62,7 @@ BAD_COMPLETIONS = [
     ({**CMPL, "max_tokens": True}, "max_tokens"),
     ({**CMPL, "max_tokens": 0}, "max_tokens"),
     ({**CMPL, "max_tokens": -1}, "max_tokens"),
+    ({**CMPL, "max_tokens": 4, "min_tokens": 5}, "min_tokens"),  # refused before a prefill is spent on it
     ({**CMPL, "stream": "true"}, "stream"),
     ({**CMPL, "stream": 1}, "stream"),
     ({**CMPL, "temperature": 3}, "temperature"),
@@ -88,7 +89,6 @@ BAD_COMPLETIONS = [
     ({**CMPL, "prompt": None}, "prompt"),
     ({**CMPL, "prompt": ["a", "b"]}, "prompt"),
     ({**CMPL, "prompt": [1, "a"]}, "prompt"),
-    ({**CMPL, "prompt": [[1, 2]]}, "prompt"),
     ({**CMPL, "stream_options": {"include_usage": True}}, "stream_options"),
     ({**CMPL, "stream": False, "stream_options": {"include_usage": True}}, "stream_options"),
     ({**CMPL, "stream": True, "stream_options": {"include_usage": "yes"}}, "stream_options.include_usage"),
@@ -106,6 +106,7 @@ BAD_COMPLETIONS = [
 ]
 
 BAD_CHATS = [
+    ({**CHAT, "max_completion_tokens": 2, "max_tokens": 50, "min_tokens": 3}, "min_tokens"),
     (b"", None),
     (b"{]", None),
     (b"[]", None),
@@ -222,6 +223,20 @@ def test_n_and_best_of_are_strict_integers(param, value):
         parse_body(enc({**CMPL, param: value}), CompletionRequest)
 
 
+def test_a_body_too_deep_to_re_encode_is_a_400(monkeypatch):
+    """The lone-surrogate check re-encodes the body; nested just deep enough to load but not to
+    dump, that is a 400 as well, never a 500."""
+    import dpd.router.protocol as protocol
+
+    def too_deep(*args, **kwargs):
+        raise RecursionError
+
+    monkeypatch.setattr(protocol.json, "dumps", too_deep)
+    with pytest.raises(ApiError) as info:
+        parse_body(b'{"model": "m", "prompt": "\\ud800"}', CompletionRequest)
+    assert info.value.status == 400 and info.value.code == "invalid_json"
+
+
 @pytest.mark.parametrize(
     "raw",
     [b"[" * 100_000, b'{"model": "m", "prompt": "x", "seed": ' + b"1" * 5000 + b"}"],
@@ -269,7 +284,30 @@ GOOD_CHATS = [
     {**CHAT, "max_completion_tokens": 8, "logprobs": True, "top_logprobs": 5},
     {**CHAT, "stream": True, "stream_options": {"include_usage": False}},
     {**CHAT, "top_k": 20, "min_tokens": 1, "ignore_eos": True, "repetition_penalty": 1.0},
+    {**CHAT, "max_tokens": 4, "min_tokens": 4},
+    {  # an earlier turn's reasoning sent back, in either of the engines' fields
+        **CHAT,
+        "messages": [
+            {"role": "user", "content": "u"},
+            {"role": "assistant", "content": "a", "reasoning": "r"},
+            {"role": "assistant", "content": "b", "reasoning_content": "r2"},
+            {"role": "user", "content": "u2"},
+        ],
+    },
 ]
+
+
+@pytest.mark.parametrize("prompt, forwarded", [(["hello"], "hello"), ([[1, 2, 3]], [1, 2, 3])])
+def test_a_list_of_one_prompt_is_that_prompt(prompt, forwarded):
+    """LangChain's OpenAI LLM (and other SDK wrappers) send ``prompt`` as a list even for one."""
+    raw_body, parsed = parse_body(enc({**CMPL, "prompt": prompt}), CompletionRequest)
+    assert raw_body["prompt"] == parsed.prompt == forwarded
+
+
+@pytest.mark.parametrize("prompt", [["a", "b"], [[1], [2]], ["a", [1]]])
+def test_several_prompts_in_one_request_are_refused_by_name(prompt):
+    error = _check_bad(enc({**CMPL, "prompt": prompt}), CompletionRequest, "prompt")
+    assert "one prompt per request" in error.body()["error"]["message"]
 
 
 @pytest.mark.parametrize("body", GOOD_COMPLETIONS, ids=lambda v: repr(v)[:60])

@@ -49,7 +49,9 @@ class ScriptedWorker:
         prefill_kv: bool = True,
         bad_event: bytes | None = None,
         direct_first_token_delay_s: float = 0.0,
+        decode_failure_status: int = 500,
     ):
+        self.decode_failure_status = decode_failure_status  # what each of num_decode_failures answers
         self.direct_first_token_delay_s = direct_first_token_delay_s  # a whole request's first token
         self.bad_event = bad_event  # sent after the first token, as if it were an event
         self.prefill_status = prefill_status
@@ -95,7 +97,7 @@ class ScriptedWorker:
             )
         if self.num_decode_failures > 0:
             self.num_decode_failures -= 1
-            return web.json_response({"error": {"message": "engine dead"}}, status=500)
+            return web.json_response({"error": {"message": "engine dead"}}, status=self.decode_failure_status)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         delay = self.first_token_delay_s if kv.get("do_remote_prefill") else self.direct_first_token_delay_s
@@ -197,6 +199,30 @@ async def test_prefill_error_falls_back_to_direct(make_router):
     resp = await client.post("/v1/completions", json=BODY)
     assert resp.status_code == 200
     assert (resp.headers["x-dpd-path"], resp.headers["x-dpd-fallback"]) == ("fallback", "prefill_error")
+
+
+@pytest.mark.parametrize("status", [401, 403])
+async def test_a_worker_refusing_the_routers_key_is_a_broken_worker_not_the_clients_error(make_router, status):
+    """A worker answering 401/403 refused the router's own worker API key (a misconfigured
+    pdSpec): the prefill hop falls back, the breaker counts a failure, and a client whose request
+    reaches no other worker gets a 502 — never an "unauthorized" it cannot fix."""
+    prefill = ScriptedWorker(prefill_status=status)
+    client = await make_router(prefill, ScriptedWorker(), threshold=0)
+    resp = await client.post("/v1/completions", json=BODY)
+    assert (resp.status_code, resp.headers["x-dpd-fallback"]) == (200, "prefill_error")
+    assert client.router.prefill.workers[0].breaker.num_consecutive_failures == 1  # type: ignore[attr-defined]
+    decode = ScriptedWorker(num_decode_failures=100, decode_failure_status=status)
+    client = await make_router(None, decode)
+    resp = await client.post("/v1/completions", json=BODY)
+    assert resp.status_code == 502 and resp.json()["error"]["code"] == "worker_error"
+    assert "refused the router's worker API key" in resp.json()["error"]["message"]
+
+
+async def test_a_wrong_method_is_a_405_with_allow_and_an_openai_error(make_router):
+    client = await make_router(None, ScriptedWorker())
+    resp = await client.get("/v1/completions")
+    assert resp.status_code == 405 and "POST" in resp.headers["allow"]
+    assert resp.json()["error"]["type"] == "invalid_request_error"
 
 
 async def test_decode_stall_is_cancelled_counted_and_served_direct(make_router):

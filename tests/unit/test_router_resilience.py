@@ -163,6 +163,9 @@ async def test_admin_key_is_checked_against_its_hash(make_router):
     assert ok.status_code == 200 and ok.json()["threshold_tokens"] == 7
     bad = await client.put("/admin/threshold", json={"threshold_tokens": -1}, headers={"Authorization": "Bearer admin-secret"})
     assert bad.status_code == 400
+    for raw in (b"not json", b"\xff", b"[" * 3000, b"{\"threshold_tokens\": " + b"1" * 5000 + b"}"):
+        bad = await client.put("/admin/threshold", content=raw, headers={"Authorization": "Bearer admin-secret"})
+        assert bad.status_code == 400 and bad.json()["error"]["message"] == "The body must be a JSON object.", raw[:20]
 
 
 async def test_no_decoder_at_all_is_an_immediate_503_without_a_prefill(make_router):
