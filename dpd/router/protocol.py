@@ -208,7 +208,29 @@ def _validate(body: dict[str, Any], kind: type[_Model]) -> _Model:
             raise bad_request(f"Missing required parameter: '{param}'.", param=param) from None
         if param in ("n", "best_of"):
             raise bad_request(f"'{param}' must be 1: dpd serves one choice per request.", param=param) from None
-        raise bad_request(f"Invalid value for '{param}': {err['msg']}.", param=param) from None
+        raise bad_request(f"Invalid value for '{param}': {_alternatives(exc.errors(), param)}.", param=param) from None
+
+
+def _alternatives(errors: list[Any], param: str) -> str:
+    """What each accepted form of ``param`` wanted (a field may be a number or an integer, a
+    string or a list of parts): pydantic reports one error per form, the first alone misleads
+    ("should be a valid integer" for a temperature given as a string)."""
+    parts: list[str] = []
+    for err in errors:
+        where = _param_of(err["loc"])
+        if where == param:
+            part = err["msg"]
+        elif where.startswith((param + ".", param + "[")) and not any(p.startswith("at '") for p in parts):
+            part = f"at '{where}': {err['msg']}"  # the first problem inside it (the rest follow from it)
+            if err["type"] == "literal_error" and where.endswith(".type"):
+                part += " (dpd accepts text content parts only)"
+        else:
+            continue
+        if parts and part.startswith("Input should be "):
+            part = part[len("Input should be "):]
+        if part not in parts:
+            parts.append(part)
+    return " or ".join(parts)
 
 
 def _unwrap_single_prompt(body: dict[str, Any]) -> None:

@@ -297,6 +297,19 @@ GOOD_CHATS = [
 ]
 
 
+@pytest.mark.parametrize("body, kind, says", [
+    ({**CMPL, "temperature": "0.7"}, CompletionRequest, "Invalid value for 'temperature': Input should be a valid integer "
+                                                        "or a valid number."),
+    ({**CHAT, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     ChatCompletionRequest, "Input should be a valid string or at 'messages[0].content[0].type': Input should be 'text' "
+                            "(dpd accepts text content parts only)."),
+])
+def test_a_field_of_several_forms_says_what_each_wanted(body, kind, says):
+    with pytest.raises(ApiError) as info:
+        parse_body(enc(body), kind)
+    assert info.value.body()["error"]["message"].endswith(says)
+
+
 @pytest.mark.parametrize("prompt, forwarded", [(["hello"], "hello"), ([[1, 2, 3]], [1, 2, 3])])
 def test_a_list_of_one_prompt_is_that_prompt(prompt, forwarded):
     """LangChain's OpenAI LLM (and other SDK wrappers) send ``prompt`` as a list even for one."""
