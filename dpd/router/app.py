@@ -52,10 +52,10 @@ from dpd.router.pick import make_picker
 from dpd.router.pools import HealthProber, Pool, Worker, make_pool
 from dpd.router.prefix import PrefixIndex
 from dpd.router.protocol import (
-    MAX_BODY_BYTES,
     ChatCompletionRequest,
     CompletionRequest,
     TokenizeChatRequest,
+    body_limit_bytes,
     parse_body,
     parse_detokenize,
     parse_tokenize,
@@ -118,6 +118,7 @@ class RouterSettings:
 class Router:
     def __init__(self, settings: RouterSettings, tokenizer: Tokenizer | None = None):
         self.settings = settings
+        self.body_limit_bytes = body_limit_bytes(settings.max_model_len)  # what a prompt filling the context can need
         self.metrics = RouterMetrics()
         self.slo = SloJudge(settings.spec.slo, self.metrics)
         self.tracing = Tracing(settings.spec.tracing)
@@ -304,7 +305,7 @@ class Router:
             except ClientDisconnect:
                 raise ClientGone() from None
             received_at = time.monotonic()  # TTFT counts from here: tokenizing, deciding and queueing included
-            body, parsed = parse_body(raw, kind)
+            body, parsed = parse_body(raw, kind, self.body_limit_bytes)
             self._check_model(parsed.model)
             with trace.span("tokenize"):
                 token_ids = await self._tokenizer_call(
@@ -617,7 +618,7 @@ class Router:
     # -- tokenizer utilities (vLLM's /tokenize and /detokenize) -------------------------------
     async def tokenize(self, request: Request) -> Response:
         async def answer(raw: bytes) -> dict[str, Any]:
-            parsed = parse_tokenize(raw)
+            parsed = parse_tokenize(raw, self.body_limit_bytes)
             self._check_model(parsed.model)
             if isinstance(parsed, TokenizeChatRequest):
                 messages = [m.model_dump(exclude_none=True) for m in parsed.messages]
@@ -632,7 +633,7 @@ class Router:
 
     async def detokenize(self, request: Request) -> Response:
         async def answer(raw: bytes) -> dict[str, Any]:
-            parsed = parse_detokenize(raw)
+            parsed = parse_detokenize(raw, self.body_limit_bytes)
             self._check_model(parsed.model)
             return {"prompt": await self._tokenizer_call(self.counter.detokenize, parsed.tokens, param="tokens", what="detokenize")}
 
@@ -658,7 +659,7 @@ class Router:
             leave()
 
     async def _read_body(self, request: Request) -> bytes:
-        return await read_body(request, MAX_BODY_BYTES, self.settings.spec.bodyReadTimeoutS)
+        return await read_body(request, self.body_limit_bytes, self.settings.spec.bodyReadTimeoutS)
 
     def _check_model(self, model: str) -> None:
         if model != self.settings.model_name:

@@ -19,7 +19,14 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 
 from dpd.router.errors import ApiError, bad_request
 
-MAX_BODY_BYTES = 4 * 1024 * 1024
+MAX_BODY_BYTES = 4 * 1024 * 1024  # at least; a longer context allows more (body_limit_bytes)
+BODY_BYTES_PER_TOKEN = 32  # a token of text as JSON: a few characters, \uXXXX-escaped at worst, and markup
+
+
+def body_limit_bytes(max_model_len: int) -> int:
+    """The largest request body the router reads: what a prompt filling the model's context can
+    need, and never below ``MAX_BODY_BYTES``."""
+    return max(MAX_BODY_BYTES, BODY_BYTES_PER_TOKEN * max_model_len)
 _Model = TypeVar("_Model", bound=BaseModel)
 
 Number = Annotated[StrictInt | float, Field(allow_inf_nan=False)]
@@ -140,9 +147,9 @@ def _param_of(loc: tuple[Any, ...]) -> str:
     return out
 
 
-def parse_body(raw: bytes, kind: type[_Request]) -> tuple[dict[str, Any], _Request]:
+def parse_body(raw: bytes, kind: type[_Request], max_bytes: int = MAX_BODY_BYTES) -> tuple[dict[str, Any], _Request]:
     """Decode and validate a request body; raise a 4xx ``ApiError`` naming what is wrong."""
-    body = _load_object(raw)
+    body = _load_object(raw, max_bytes)
     if kind is CompletionRequest:
         _unwrap_single_prompt(body)
     parsed = _validate(body, kind)
@@ -156,24 +163,24 @@ def parse_body(raw: bytes, kind: type[_Request]) -> tuple[dict[str, Any], _Reque
     return body, parsed
 
 
-def parse_tokenize(raw: bytes) -> TokenizeCompletionRequest | TokenizeChatRequest:
+def parse_tokenize(raw: bytes, max_bytes: int = MAX_BODY_BYTES) -> TokenizeCompletionRequest | TokenizeChatRequest:
     """A ``/tokenize`` body: with ``messages`` a chat, else a prompt."""
-    body = _load_object(raw)
+    body = _load_object(raw, max_bytes)
     if "messages" in body:
         return _validate(body, TokenizeChatRequest)
     return _validate(body, TokenizeCompletionRequest)
 
 
-def parse_detokenize(raw: bytes) -> DetokenizeRequest:
-    return _validate(_load_object(raw), DetokenizeRequest)
+def parse_detokenize(raw: bytes, max_bytes: int = MAX_BODY_BYTES) -> DetokenizeRequest:
+    return _validate(_load_object(raw, max_bytes), DetokenizeRequest)
 
 
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
-def _load_object(raw: bytes) -> dict[str, Any]:
-    if len(raw) > MAX_BODY_BYTES:
-        raise ApiError(413, f"Request body is larger than {MAX_BODY_BYTES} bytes.", code="body_too_large")
+def _load_object(raw: bytes, max_bytes: int = MAX_BODY_BYTES) -> dict[str, Any]:
+    if len(raw) > max_bytes:
+        raise ApiError(413, f"Request body is larger than {max_bytes} bytes.", code="body_too_large")
     try:
         text = raw.decode("utf-8")  # strict: json.loads(bytes) would let UTF-8-encoded surrogates through
         body = json.loads(text)

@@ -210,6 +210,22 @@ def test_body_over_the_limit_is_413(kind):
     parse_body(raw[:-1], kind)
 
 
+def test_a_longer_context_reads_a_larger_body():
+    """A model whose context holds a prompt larger than 4 MiB of JSON gets the room for it (32
+    bytes a token); a short context never less than 4 MiB."""
+    from dpd.router.protocol import body_limit_bytes
+
+    assert body_limit_bytes(2048) == body_limit_bytes(131_072) == MAX_BODY_BYTES
+    limit = body_limit_bytes(1_048_576)
+    assert limit == 32 * 1_048_576
+    raw = json.dumps(CMPL).encode()
+    raw += b" " * (limit - len(raw))
+    parse_body(raw, CompletionRequest, limit)
+    with pytest.raises(ApiError) as info:
+        parse_body(raw + b" ", CompletionRequest, limit)
+    assert info.value.status == 413 and str(limit) in info.value.message
+
+
 @pytest.mark.parametrize("param", ["n", "best_of"])
 def test_n_and_best_of_say_one_choice(param):
     with pytest.raises(ApiError, match="must be 1"):
