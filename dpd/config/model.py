@@ -706,7 +706,7 @@ class EndpointSpec(_Frozen):
     nodeAffinity: dict[str, Any] | None = None
     tags: tuple[dict[str, Any], ...] = ()
     tenants: tuple[TenantSpec, ...] = Field(
-        default=(), description="API tenants; when set, every inference request needs a tenant's key (401 otherwise)."
+        default=(), description="API tenants; when set, every inference request, and the model list, needs a tenant's key (401 otherwise)."
     )
 
     @model_validator(mode="after")

@@ -674,6 +674,10 @@ class Router:
             raise bad_request(f"Cannot {what}: {exc}", param=param) from None
 
     async def models(self, request: Request) -> Response:
+        try:  # with tenants, for a tenant's key only (as OpenAI's own): it names the model and its limits
+            self._authenticate(request)
+        except ApiError as error:
+            return error.response()
         model = {
             "id": self.settings.model_name,
             "object": "model",

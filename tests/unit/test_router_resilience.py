@@ -154,6 +154,16 @@ async def test_drain_waits_for_in_flight_and_routes_new_requests_elsewhere(make_
     assert bad.status_code == 404 and "decode-0" in bad.json()["error"]["message"]
 
 
+async def test_with_tenants_the_model_list_needs_a_tenants_key(make_router):
+    client = await make_router(None, ScriptedWorker(), tenants=(tenant("a"),))
+    assert (await client.get("/v1/models")).status_code == 401
+    assert (await client.get("/v1/models", headers={"Authorization": "Bearer wrong"})).status_code == 401
+    listed = await client.get("/v1/models", headers=auth("a"))
+    assert listed.status_code == 200 and listed.json()["data"][0]["id"] == "m"
+    open_client = await make_router(None, ScriptedWorker())  # no tenants: open, as the endpoint is
+    assert (await open_client.get("/v1/models")).status_code == 200
+
+
 async def test_admin_key_is_checked_against_its_hash(make_router):
     client = await make_router(None, ScriptedWorker(), adminKeySha256=hash_key("admin-secret"),
                                tenants=(tenant("a"),))
