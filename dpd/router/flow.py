@@ -218,6 +218,10 @@ async def _error_from(resp: aiohttp.ClientResponse, worker: Worker) -> ApiError:
         # The router's own credentials (pdSpec's worker API key) refused: a broken worker for the
         # breakers, a 502 for the client — never the client's "unauthorized".
         return worker_failed(worker.pool, worker.name, f"HTTP {resp.status}: it refused the router's worker API key")
+    if resp.status == 404:
+        # The router answers for its model name itself (a 404 before any hop): a worker that does
+        # not know it, or the route, serves something else — misconfigured, not the client's fault.
+        return worker_failed(worker.pool, worker.name, f"HTTP 404: {str(message)[:500]}")
     if 400 <= resp.status < 500:
         # The worker judged the request itself invalid: report it as the client's error.
         return ApiError(resp.status, str(message)[:2000], param=err.get("param"), code=err.get("code"))

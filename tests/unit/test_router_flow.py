@@ -201,11 +201,12 @@ async def test_prefill_error_falls_back_to_direct(make_router):
     assert (resp.headers["x-dpd-path"], resp.headers["x-dpd-fallback"]) == ("fallback", "prefill_error")
 
 
-@pytest.mark.parametrize("status", [401, 403])
+@pytest.mark.parametrize("status", [401, 403, 404])
 async def test_a_worker_refusing_the_routers_key_is_a_broken_worker_not_the_clients_error(make_router, status):
     """A worker answering 401/403 refused the router's own worker API key (a misconfigured
-    pdSpec): the prefill hop falls back, the breaker counts a failure, and a client whose request
-    reaches no other worker gets a 502 — never an "unauthorized" it cannot fix."""
+    pdSpec), one answering 404 serves another model name (the router checks the client's): the
+    prefill hop falls back, the breaker counts a failure, and a client whose request reaches no
+    other worker gets a 502 — never an "unauthorized" or "not found" it cannot fix."""
     prefill = ScriptedWorker(prefill_status=status)
     client = await make_router(prefill, ScriptedWorker(), threshold=0)
     resp = await client.post("/v1/completions", json=BODY)
@@ -215,7 +216,7 @@ async def test_a_worker_refusing_the_routers_key_is_a_broken_worker_not_the_clie
     client = await make_router(None, decode)
     resp = await client.post("/v1/completions", json=BODY)
     assert resp.status_code == 502 and resp.json()["error"]["code"] == "worker_error"
-    assert "refused the router's worker API key" in resp.json()["error"]["message"]
+    assert ("HTTP 404: engine dead" if status == 404 else "refused the router's worker API key") in resp.json()["error"]["message"]
 
 
 async def test_a_wrong_method_is_a_405_with_allow_and_an_openai_error(make_router):
