@@ -59,7 +59,8 @@ class StreamAggregator:
         if self.is_chat:
             message: dict[str, Any] = {"role": "assistant", "content": text}
             if self._reasoning:
-                message["reasoning"] = "".join(self._reasoning)  # as the engine answers unstreamed
+                # vLLM 0.32's field, and the older one that many clients still read
+                message["reasoning"] = message["reasoning_content"] = "".join(self._reasoning)
             choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": self._logprobs}
             obj = "chat.completion"
         else:

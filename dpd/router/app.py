@@ -27,7 +27,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 from starlette.applications import Starlette
@@ -52,6 +52,7 @@ from dpd.router.pick import make_picker
 from dpd.router.pools import HealthProber, Pool, Worker, make_pool
 from dpd.router.prefix import PrefixIndex
 from dpd.router.protocol import (
+    MAX_BODY_BYTES,
     ChatCompletionRequest,
     CompletionRequest,
     TokenizeChatRequest,
@@ -71,6 +72,7 @@ from dpd.router.tokens import TokenCounter, Tokenizer, load_tokenizer
 from dpd.router.tracing import NO_HOP, Tracing
 
 log = logging.getLogger(__name__)
+_Parsed = TypeVar("_Parsed")
 # The environment variable that hands the router (dpd serve, the cluster router) the workers' API key.
 WORKER_KEY_ENV = "DPD_WORKER_API_KEY"
 KV_WATCH_INTERVAL_S = 10.0  # how often the router reads the workers' KV-transfer failure counters (kvwatch.py)
@@ -305,7 +307,7 @@ class Router:
             except ClientDisconnect:
                 raise ClientGone() from None
             received_at = time.monotonic()  # TTFT counts from here: tokenizing, deciding and queueing included
-            body, parsed = parse_body(raw, kind, self.body_limit_bytes)
+            body, parsed = await self._parsed(parse_body, raw, kind, self.body_limit_bytes)
             self._check_model(parsed.model)
             with trace.span("tokenize"):
                 token_ids = await self._tokenizer_call(
@@ -618,7 +620,7 @@ class Router:
     # -- tokenizer utilities (vLLM's /tokenize and /detokenize) -------------------------------
     async def tokenize(self, request: Request) -> Response:
         async def answer(raw: bytes) -> dict[str, Any]:
-            parsed = parse_tokenize(raw, self.body_limit_bytes)
+            parsed = await self._parsed(parse_tokenize, raw, self.body_limit_bytes)
             self._check_model(parsed.model)
             if isinstance(parsed, TokenizeChatRequest):
                 messages = [m.model_dump(exclude_none=True) for m in parsed.messages]
@@ -633,7 +635,7 @@ class Router:
 
     async def detokenize(self, request: Request) -> Response:
         async def answer(raw: bytes) -> dict[str, Any]:
-            parsed = parse_detokenize(raw, self.body_limit_bytes)
+            parsed = await self._parsed(parse_detokenize, raw, self.body_limit_bytes)
             self._check_model(parsed.model)
             return {"prompt": await self._tokenizer_call(self.counter.detokenize, parsed.tokens, param="tokens", what="detokenize")}
 
@@ -664,6 +666,14 @@ class Router:
     def _check_model(self, model: str) -> None:
         if model != self.settings.model_name:
             raise model_not_found(model)
+
+    @staticmethod
+    async def _parsed(parse: Callable[..., _Parsed], raw: bytes, *args: Any) -> _Parsed:
+        """A body parsed — off the event loop when it is larger than ``MAX_BODY_BYTES`` (a long
+        context's limit is larger: tens of MiB of JSON would stall every stream being relayed)."""
+        if len(raw) > MAX_BODY_BYTES:
+            return await asyncio.to_thread(parse, raw, *args)
+        return parse(raw, *args)
 
     @staticmethod
     async def _tokenizer_call(fn: Callable[..., Any], *args: Any, param: str, what: str) -> Any:

@@ -197,7 +197,8 @@ class ContinuedStream:
             token_ids = choice.pop("token_ids", None)
             if token_ids:
                 self._generated_ids.extend(token_ids)
-            elif choice.get("text") or (choice.get("delta") or {}).get("content"):
+            elif choice.get("text") or any((choice.get("delta") or {}).get(k) for k in ("content", "reasoning",
+                                                                                         "reasoning_content")):
                 self._has_token_ids = False  # text without ids: this worker cannot be continued exactly
             if choice.get("finish_reason") is not None:
                 self._is_finished = True

@@ -129,5 +129,6 @@ class Shadow:
 def _text(choice: Any) -> bool:
     if not isinstance(choice, dict):
         return False
-    delta = choice.get("delta")
-    return bool(choice.get("text") or (isinstance(delta, dict) and delta.get("content")))
+    delta = choice.get("delta")  # a token: text, content or reasoning, as the router counts it (num_content_tokens)
+    return bool(choice.get("text") or (isinstance(delta, dict) and (delta.get("content") or delta.get("reasoning")
+                                                                   or delta.get("reasoning_content"))))

@@ -144,7 +144,7 @@ CHAT_CASES = [
             chat_chunk({"reasoning_content": "hard"}),
             chat_chunk({"content": "42"}, finish_reason="stop"),
         ],
-        {"role": "assistant", "content": "42", "reasoning": "think hard"},
+        {"role": "assistant", "content": "42", "reasoning": "think hard", "reasoning_content": "think hard"},
         None,
         "stop",
         None,
@@ -157,7 +157,7 @@ CHAT_CASES = [
             chat_chunk({"reasoning": "hard"}),
             chat_chunk({"content": "42"}, finish_reason="stop"),
         ],
-        {"role": "assistant", "content": "42", "reasoning": "think hard"},
+        {"role": "assistant", "content": "42", "reasoning": "think hard", "reasoning_content": "think hard"},
         None,
         "stop",
         None,
@@ -252,7 +252,11 @@ def test_is_usage_only(chunk, expected):
     ],
 )
 def test_num_content_tokens(chunk, expected):
+    from dpd.router.shadow import _text
+
     assert num_content_tokens(chunk) == expected
+    # the shadow times its first token as the router does
+    assert any(_text(c) for c in chunk.get("choices") or ()) == bool(expected)
 
 
 @pytest.mark.parametrize(

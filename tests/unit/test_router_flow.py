@@ -837,3 +837,18 @@ async def test_a_shadow_target_that_is_down_costs_nothing(make_router):
     while client.router.shadow.num_in_flight:
         await asyncio.sleep(0.05)
     assert metric((await client.get("/metrics")).text, 'dpd_shadow_requests_total{outcome="error"}') == 3
+
+
+async def test_a_body_past_four_mib_is_parsed_off_the_event_loop():
+    """A long context's body limit runs to tens of MiB: parsing that on the event loop would stall
+    every stream being relayed (and could trip a decode hop's first-token deadline)."""
+    import threading
+
+    from dpd.router.protocol import MAX_BODY_BYTES
+
+    def where(raw: bytes) -> str:
+        return threading.current_thread().name
+
+    loop_thread = threading.current_thread().name
+    assert await Router._parsed(where, b"x" * 100) == loop_thread
+    assert await Router._parsed(where, b"x" * (MAX_BODY_BYTES + 1)) != loop_thread
