@@ -472,7 +472,7 @@ class _PoolKeys:
         self.position = {w.load: i for i, w in enumerate(workers)}
         self.loaded: list[tuple[int, int, int]] = [(-1, -1, i) for i in range(len(workers))]
         self.order = sorted(self.loaded)
-        self.queued: list[tuple[int, float, int] | None] = [None] * len(workers)
+        self.filed: list[tuple[int, float, int] | None] = [None] * len(workers)  # each worker's entry in by_queue
         self.by_queue: list[tuple[int, float, int]] = []
         self.rates: list[float] = []  # of the measured workers, sorted
         self.unmeasured: set[int] = set()
@@ -493,18 +493,18 @@ class _PoolKeys:
                 del self.order[bisect.bisect_left(self.order, old)]
                 bisect.insort(self.order, key)
                 self.loaded[i] = key
-            was = self.queued[i]
+            was = self.filed[i]
             if was is not None:
                 del self.by_queue[bisect.bisect_left(self.by_queue, was)]
                 del self.rates[bisect.bisect_left(self.rates, -was[1])]
             if load.prefill_rate.is_measured:
                 rate = load.prefill_tokens_per_s
-                self.queued[i] = (queued, -rate, i)
-                bisect.insort(self.by_queue, (queued, -rate, i))
+                self.filed[i] = entry = (queued, -rate, i)
+                bisect.insort(self.by_queue, entry)
                 bisect.insort(self.rates, rate)
                 self.unmeasured.discard(i)
             else:
-                self.queued[i] = None
+                self.filed[i] = None
                 self.unmeasured.add(i)
         self.changed.clear()
 

@@ -46,3 +46,20 @@ def wait_healthy(url: str, timeout_s: float) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"{url} not healthy after {timeout_s}s")
         time.sleep(2)
+
+
+def warm_pair(url: str, model: str, prompt: str, tries: int = 3) -> list[tuple[str, str | None]]:
+    """Send long ``prompt`` (past the threshold) until one goes disaggregated, at most ``tries``
+    times; the paths seen. A prefill → decode pair's first KV transfer carries NIXL's handshake,
+    which on a busy 2-core machine can outlast even its longer first deadline and fall back
+    (docs/pd-stall.md) — served all the same; a test asserting the path warms the pair first."""
+    seen: list[tuple[str, str | None]] = []
+    for attempt in range(tries):
+        resp = requests.post(url + "/v1/completions", timeout=300,
+                             json={"model": model, "prompt": f"{attempt} {prompt}", "max_tokens": 2, "temperature": 0})
+        assert resp.status_code == 200, resp.text
+        seen.append((resp.headers["x-dpd-path"], resp.headers.get("x-dpd-fallback")))
+        if seen[-1][0] == "disaggregated":
+            break
+    assert seen[-1][0] == "disaggregated", seen
+    return seen

@@ -32,7 +32,7 @@ import pytest
 import requests
 
 from dpd.launch.child import ServeProcess, write_config
-from tests.integration.helpers import GREEDY_RECORD, scrape, wait_healthy
+from tests.integration.helpers import GREEDY_RECORD, scrape, wait_healthy, warm_pair
 from tests.otlp_receiver import OtlpReceiver
 
 pytestmark = pytest.mark.integration
@@ -57,7 +57,7 @@ def otlp():
 
 
 @pytest.fixture(scope="module")
-def endpoint(tmp_path_factory, model_dir, otlp):
+def endpoint(tmp_path_factory, model_dir, otlp, make_prompt):
     tmp = tmp_path_factory.mktemp("disagg")
     config = write_config(
         tmp / "endpoint.yaml", router_port=ROUTER_PORT, worker_base_port=18100, side_channel_base_port=15600,
@@ -68,6 +68,7 @@ def endpoint(tmp_path_factory, model_dir, otlp):
     serve = ServeProcess(config, log_path=tmp / "serve.log")
     try:
         serve.wait_ready()
+        warm_pair(serve.url, MODEL, make_prompt(1500, seed=99))  # the tests assert paths: the pair's handshake first
         yield serve
     finally:
         serve.stop()  # idempotent; test_ctrl_c_leaves_no_process checks what it leaves

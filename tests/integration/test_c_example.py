@@ -18,6 +18,7 @@ import yaml
 
 from dpd.config import load_config
 from dpd.launch.child import ServeProcess
+from tests.integration.helpers import warm_pair
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "minimal.yaml"
 
@@ -38,8 +39,10 @@ def test_minimal_example_serves_locally_and_renders(tmp_path, make_prompt):
         raw = client.chat.completions.with_raw_response.create(
             model="smollm2-135m", messages=[{"role": "user", "content": make_prompt(threshold + 400, seed=1)}], max_tokens=8)
         assert raw.headers["x-dpd-reason"] and raw.parse().choices[0].message.content
-        # The static split, switched live: both paths by prompt length.
+        # The static split, switched live: both paths by prompt length (the pair warmed first: its
+        # first transfer carries NIXL's handshake — warm_pair).
         assert requests.put(serve.url + "/admin/policy", json={"policy": "threshold"}, timeout=10).status_code == 200
+        warm_pair(serve.url, "smollm2-135m", make_prompt(threshold + 400, seed=90))
         for tokens, path in ((100, "direct"), (threshold + 400, "disaggregated")):
             raw = client.chat.completions.with_raw_response.create(
                 model="smollm2-135m", messages=[{"role": "user", "content": make_prompt(tokens, seed=tokens)}], max_tokens=8)
