@@ -32,9 +32,7 @@ class StreamAggregator:
                 delta = choice.get("delta") or {}
                 if delta.get("content"):
                     self._text.append(delta["content"])
-                # vLLM 0.32 streams a reasoning parser's output as ``reasoning`` (earlier releases,
-                # and other engines, as ``reasoning_content``)
-                reasoning = delta.get("reasoning") or delta.get("reasoning_content")
+                reasoning = _reasoning(delta)
                 if reasoning:
                     self._reasoning.append(reasoning)
             elif choice.get("text"):
@@ -82,8 +80,19 @@ def has_finish(chunk: dict[str, Any]) -> bool:
 def num_content_tokens(chunk: dict[str, Any]) -> int:
     """1 if the chunk carries generated text, content or reasoning, else 0 (finish-only chunks
     carry none): the first such chunk is the first token, for TTFT."""
-    for choice in chunk.get("choices") or ():
-        delta = choice.get("delta") or {}
-        if choice.get("text") or delta.get("content") or delta.get("reasoning") or delta.get("reasoning_content"):
-            return 1
-    return 0
+    return int(any(carries_token(choice) for choice in chunk.get("choices") or ()))
+
+
+def carries_token(choice: Any) -> bool:
+    """A stream's choice with generated text, content or reasoning: a token (the router's TTFT,
+    the shadow's, a migration's check for text without token ids all count alike)."""
+    if not isinstance(choice, dict):
+        return False
+    delta = choice.get("delta")
+    return bool(choice.get("text") or (isinstance(delta, dict) and (delta.get("content") or _reasoning(delta))))
+
+
+def _reasoning(delta: dict[str, Any]) -> Any:
+    # vLLM 0.32 streams a reasoning parser's output as ``reasoning`` (earlier releases, and other
+    # engines, as ``reasoning_content``)
+    return delta.get("reasoning") or delta.get("reasoning_content")

@@ -31,6 +31,7 @@ from dataclasses import replace
 from typing import Any
 
 from dpd.config.model import RetrySpec
+from dpd.router.aggregate import carries_token
 from dpd.router.errors import ApiError
 from dpd.router.flow import WORKER_ERRORS, RequestContext, UpstreamStream
 from dpd.router.metrics import RouterMetrics
@@ -197,8 +198,7 @@ class ContinuedStream:
             token_ids = choice.pop("token_ids", None)
             if token_ids:
                 self._generated_ids.extend(token_ids)
-            elif choice.get("text") or any((choice.get("delta") or {}).get(k) for k in ("content", "reasoning",
-                                                                                         "reasoning_content")):
+            elif carries_token(choice):
                 self._has_token_ids = False  # text without ids: this worker cannot be continued exactly
             if choice.get("finish_reason") is not None:
                 self._is_finished = True

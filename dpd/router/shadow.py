@@ -30,6 +30,7 @@ from typing import Any
 import aiohttp
 
 from dpd.config.model import ShadowSpec
+from dpd.router.aggregate import carries_token
 from dpd.router.metrics import RouterMetrics
 
 log = logging.getLogger(__name__)
@@ -91,7 +92,7 @@ class Shadow:
                             usage = chunk.get("usage")
                             if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
                                 num_tokens = usage["completion_tokens"]
-                            if not any(_text(c) for c in chunk.get("choices") or ()):
+                            if not any(carries_token(c) for c in chunk.get("choices") or ()):  # as the router counts
                                 continue
                             now = time.monotonic()
                             if first is None:
@@ -125,10 +126,3 @@ class Shadow:
             await self._session.close()
             self._session = None
 
-
-def _text(choice: Any) -> bool:
-    if not isinstance(choice, dict):
-        return False
-    delta = choice.get("delta")  # a token: text, content or reasoning, as the router counts it (num_content_tokens)
-    return bool(choice.get("text") or (isinstance(delta, dict) and (delta.get("content") or delta.get("reasoning")
-                                                                   or delta.get("reasoning_content"))))
