@@ -251,6 +251,16 @@ class StreamTicket:
         self.gaps_s.extend([(now - last) / new] * new)
         self.num_tokens, self.last_token_at = num_tokens, now
 
+    def add_token_runs(self, runs: list[tuple[int, float]]) -> None:
+        """``add_tokens`` for each run in order: (new tokens, the last one's time) — the simulator
+        hands a stream several engine steps' tokens at once."""
+        for new, now in runs:
+            if new > 0:
+                last = self.started_at if self.last_token_at is None else self.last_token_at
+                self.gaps_s.extend([(now - last) / new] * new)
+                self.num_tokens += new
+                self.last_token_at = now
+
 
 @dataclass(frozen=True)
 class LoadPriors:

@@ -16,6 +16,7 @@ It is a tool for comparing policies in seconds before measuring them for real
 
 from __future__ import annotations
 
+import gc
 import heapq
 import itertools
 import math
@@ -61,15 +62,20 @@ class EngineProfile:
             raise ValueError("a decode step must take some time: step_overhead_s or decode_s_per_stream above 0")
 
 
+Delivery = tuple[int, float, float]  # decode steps whose tokens a stream got: (steps, the gap before each, the last one's time)
+
+
 @dataclass(eq=False)  # each job is itself: found in the engine's lists by identity
 class Job:
     prompt_tokens: int
     output_tokens: int
     on_first: Callable[[float], None]
-    on_tokens: Callable[[int, float, float], None]  # (tokens, the gap before each, the last one's time)
+    on_tokens: Callable[[list[Delivery]], None]  # the deliveries since the last call, oldest first
     on_done: Callable[[float], None]
     remaining_prefill: int = 0
-    generated: int = 0
+    generated: int = 0  # tokens handed to on_first and on_tokens so far
+    finish_at: int = 0  # while decoding: the engine's step count at which its last token is made
+    seen: int = 0  # while decoding: the engine's deliveries handed to it so far
 
     def __post_init__(self) -> None:
         self.remaining_prefill = self.prompt_tokens
@@ -84,10 +90,33 @@ class Sim:
     def at(self, t: float, fn: Callable[[], None]) -> None:
         heapq.heappush(self._events, (t, next(self._seq), fn))
 
-    def run(self) -> None:
-        while self._events:
-            self.now, _, fn = heapq.heappop(self._events)
-            fn()
+    def run(self, arrivals: list[tuple[float, Callable[[], None]]] | None = None) -> None:
+        """Run the events until none is left. ``arrivals``: events known in advance, sorted by time,
+        run in that order as if scheduled when the run starts — kept out of the heap (a heap of
+        the whole trace made every event's push and pop log(requests) deep)."""
+        # A run makes millions of short-lived objects (events, tickets, token lists) and frees
+        # them by reference count; the cyclic collector, run every 700 allocations by default,
+        # walked the young ones each time to find no cycle — up to a fifth of a two-worker run's
+        # time. It still runs, less often; the thresholds are put back after.
+        thresholds = gc.get_threshold()
+        gc.set_threshold(max(thresholds[0], 100_000), *thresholds[1:])
+        events, pop = self._events, heapq.heappop
+        pending = arrivals or []
+        first_seq = next(self._seq)  # events scheduled before the run go before arrivals at the same time
+        i, n = 0, len(pending)
+        try:
+            while True:
+                if i < n and (not events or pending[i][0] < events[0][0]
+                              or (pending[i][0] == events[0][0] and events[0][1] > first_seq)):
+                    self.now, fn = pending[i]
+                    i += 1
+                elif events:
+                    self.now, _, fn = pop(events)
+                else:
+                    break
+                fn()
+        finally:
+            gc.set_threshold(*thresholds)
 
 
 class Engine:
@@ -97,9 +126,15 @@ class Engine:
     does not change until its first stream ends or a request arrives, so its steps are equal and
     their tokens are known in advance (each stream's next ``k`` tokens, ``step_s`` apart). An
     arrival cuts the stretch at the end of the step under way, as the real scheduler admits a new
-    request only between steps; ``sync`` hands the streams the tokens of the steps already done
-    when the router looks at them (a real worker streams each one). Token times are the same as
-    stepping one by one."""
+    request only between steps. Token times are the same as stepping one by one.
+
+    Every running stream gets every step's token, so the engine logs each delivery once — (steps,
+    gap, time) — rather than handing it to each stream: a stream is handed the deliveries it has
+    not seen when it ends, and every stream is when the router looks at them (``sync``; a real
+    worker streams each token as it is made). A stream ends at a step count fixed when it starts
+    (its first token's count plus the tokens it still has to make)."""
+
+    LOG_KEEP = 1024  # deliveries kept before those every running stream has seen are dropped
 
     def __init__(self, sim: Sim, profile: EngineProfile):
         self.sim = sim
@@ -109,6 +144,9 @@ class Engine:
         self.is_busy = False
         self._cruise: tuple[float, float, int] | None = None  # decode-only steps: (start, step s, steps)
         self._generation = 0  # a cut stretch's scheduled end is stale
+        self._steps = 0  # decode steps made for the running streams so far
+        self._log: list[Delivery] = []  # the latest deliveries; _log[0] is delivery number _log_base
+        self._log_base = 0
 
     def submit(self, job: Job) -> None:
         self.waiting.append(job)
@@ -117,7 +155,25 @@ class Engine:
         self._maybe_step()
 
     def sync(self) -> None:
-        """Give the running streams the tokens of the decode-only steps completed by now."""
+        """Hand every running stream the tokens made by now, those of a stretch's steps done so far included."""
+        self._deliver_done()
+        for job in self.running:
+            self._hand(job)
+
+    def _deliver(self, steps: int, step_s: float, t: float) -> None:
+        self._log.append((steps, step_s, t))
+        self._steps += steps
+
+    def _hand(self, job: Job) -> None:
+        """Hand ``job`` the deliveries it has not seen."""
+        end = self._log_base + len(self._log)
+        if job.seen < end:
+            job.on_tokens(self._log[job.seen - self._log_base:])
+            job.seen = end
+            job.generated = job.output_tokens - (job.finish_at - self._steps)
+
+    def _deliver_done(self) -> None:
+        """Deliver the tokens of the decode-only steps completed by now (the stretch goes on)."""
         if self._cruise is None:
             return
         start, step_s, steps = self._cruise
@@ -125,14 +181,12 @@ class Engine:
         if done <= 0:
             return
         end = start + done * step_s
-        for job in self.running:
-            job.generated += done
-            job.on_tokens(done, step_s, end)
+        self._deliver(done, step_s, end)
         self._cruise = (end, step_s, steps - done)
 
     def _cut(self) -> None:
         """End the decode-only stretch with the step under way (a new request waits for it)."""
-        self.sync()
+        self._deliver_done()
         assert self._cruise is not None
         start, step_s, steps = self._cruise
         if steps > 1:
@@ -147,14 +201,13 @@ class Engine:
         p = self.profile
         self.is_busy = True
         if not self.waiting:
-            steps = min(job.output_tokens - job.generated for job in self.running)
+            steps = min(job.finish_at for job in self.running) - self._steps
             step_s = p.step_overhead_s + len(self.running) * p.decode_s_per_stream
             self._cruise = (self.sim.now, step_s, steps)
             generation = self._generation
             self.sim.at(self.sim.now + steps * step_s, lambda: self._end_cruise(generation))
             return
         budget = p.max_batched_tokens - len(self.running)
-        decoding = list(self.running)
         chunks: list[tuple[Job, int]] = []
         room = p.max_num_seqs - len(self.running)
         for job in self.waiting:
@@ -164,34 +217,44 @@ class Engine:
             chunks.append((job, take))
             budget -= take
         prefill_tokens = sum(take for job, take in chunks if job.remaining_prefill)
-        step_s = p.step_overhead_s + prefill_tokens / p.prefill_tokens_per_s + len(decoding) * p.decode_s_per_stream
-        self.sim.at(self.sim.now + step_s, lambda: self._end_step(decoding, chunks, step_s))
+        step_s = p.step_overhead_s + prefill_tokens / p.prefill_tokens_per_s + len(self.running) * p.decode_s_per_stream
+        # The batch cannot change before the step ends: streams join and leave only there.
+        self.sim.at(self.sim.now + step_s, lambda: self._end_step(chunks, step_s))
 
     def _end_cruise(self, generation: int) -> None:
         if generation != self._generation or self._cruise is None:
             return
         _, step_s, steps = self._cruise
         self._cruise = None
-        self._finish_tokens(self.running, steps, step_s)
+        self._finish_tokens(steps, step_s)
         self.is_busy = False
         self._maybe_step()
 
-    def _finish_tokens(self, decoding: list[Job], steps: int, step_s: float) -> None:
+    def _finish_tokens(self, steps: int, step_s: float) -> None:
+        """Every running stream's next ``steps`` tokens, the last now; the streams done leave."""
+        if not self.running:
+            return
         now = self.sim.now
-        ended = []
-        for job in decoding:
-            job.generated += steps
-            job.on_tokens(steps, step_s, now)
-            if job.generated >= job.output_tokens:
-                ended.append(job)
+        self._deliver(steps, step_s, now)
+        ended = [job for job in self.running if job.finish_at <= self._steps]
+        if not ended:
+            return
         for job in ended:
+            self._hand(job)
             self.running.remove(job)
             job.on_done(now)
+        if not self.running:
+            self._log_base += len(self._log)
+            self._log.clear()
+        elif len(self._log) > self.LOG_KEEP:
+            oldest = min(job.seen for job in self.running)
+            del self._log[:oldest - self._log_base]
+            self._log_base = oldest
 
-    def _end_step(self, decoding: list[Job], chunks: list[tuple[Job, int]], step_s: float) -> None:
+    def _end_step(self, chunks: list[tuple[Job, int]], step_s: float) -> None:
         now = self.sim.now
         self.is_busy = False
-        self._finish_tokens(decoding, 1, step_s)
+        self._finish_tokens(1, step_s)
         for job, take in chunks:
             job.remaining_prefill = max(0, job.remaining_prefill - take)
             if job.remaining_prefill:
@@ -202,6 +265,8 @@ class Engine:
             if job.output_tokens <= 1:
                 job.on_done(now)
             else:
+                job.finish_at = self._steps + job.output_tokens - 1
+                job.seen = self._log_base + len(self._log)
                 self.running.append(job)
         self._maybe_step()
 
@@ -223,13 +288,17 @@ class Outcome:
         self.first_s = self.last_s = t
         self.num_tokens = 1
 
-    def add_tokens(self, num_tokens: int, gap_s: float, last_s: float) -> None:
-        if self.gaps and self.gaps[-1][0] == gap_s:
-            self.gaps[-1] = (gap_s, self.gaps[-1][1] + num_tokens)
-        else:
-            self.gaps.append((gap_s, num_tokens))
-        self.num_tokens += num_tokens
-        self.last_s = last_s
+    def add_tokens(self, deliveries: list[Delivery]) -> None:
+        """The tokens of some decode steps (``Engine``'s deliveries), oldest first."""
+        gaps, num_tokens = self.gaps, self.num_tokens
+        for steps, gap_s, _ in deliveries:
+            if gaps and gaps[-1][0] == gap_s:
+                gaps[-1] = (gap_s, gaps[-1][1] + steps)
+            else:
+                gaps.append((gap_s, steps))
+            num_tokens += steps
+        self.num_tokens = num_tokens
+        self.last_s = deliveries[-1][2]
 
     @property
     def token_times(self) -> list[float]:
@@ -296,11 +365,13 @@ class SimEndpoint:
         ``progress``: called with the share of requests routed, every 1%."""
         outcomes = [Outcome(n, m, t) for t, n, m in requests]
         step = max(1, len(outcomes) // 100)
+        arrivals: list[tuple[float, Callable[[], None]]] = []
         for i, outcome in enumerate(outcomes):
-            self.sim.at(outcome.arrival_s, lambda o=outcome: self._route(o))  # type: ignore[misc]
+            arrivals.append((outcome.arrival_s, lambda o=outcome: self._route(o)))  # type: ignore[misc]
             if progress is not None and (i + 1) % step == 0:
-                self.sim.at(outcome.arrival_s, lambda share=(i + 1) / len(outcomes): progress(share))  # type: ignore[misc]
-        self.sim.run()
+                arrivals.append((outcome.arrival_s, lambda share=(i + 1) / len(outcomes): progress(share)))  # type: ignore[misc]
+        arrivals.sort(key=lambda a: a[0])  # stable: equal times in the order given
+        self.sim.run(arrivals)
         return outcomes
 
     def _route(self, o: Outcome) -> None:
@@ -333,9 +404,10 @@ class SimEndpoint:
                 self.endpoint.ttft_errors[o.path].add(o.ttft_s - o.predicted_ttft_s)
             state["stream"] = w.load.begin_stream(o.output_tokens)
 
-        def tokens(num_tokens: int, gap_s: float, t: float) -> None:
-            o.add_tokens(num_tokens, gap_s, t)
-            state["stream"].add_tokens(o.num_tokens, t)
+        def tokens(deliveries: list[Delivery]) -> None:
+            o.add_tokens(deliveries)
+            # the router's ticket, fed as a real stream feeds it: each step's tokens at its time
+            state["stream"].add_token_runs([(steps, t) for steps, _, t in deliveries])
 
         def done(t: float) -> None:
             w.num_in_flight -= 1
@@ -367,7 +439,7 @@ def _ignore(t: float) -> None:
     pass
 
 
-def _ignore_tokens(num_tokens: int, gap_s: float, t: float) -> None:
+def _ignore_tokens(deliveries: list[Delivery]) -> None:
     pass
 
 

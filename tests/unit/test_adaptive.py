@@ -604,3 +604,21 @@ def test_two_alike_streams_are_two_tickets():
     first, second = load.begin_stream(8), load.begin_stream(8)  # same clock, same length: alike in every field
     load.end_stream(second)
     assert len(load.streams) == 1 and load.streams[0] is first
+
+
+def test_a_ticket_given_runs_of_tokens_counts_them_as_one_event_each():
+    """``add_token_runs`` (the simulator's several engine steps at once) leaves a ticket as
+    ``add_tokens`` called for each run would: the same gaps, count and last token's time."""
+    from dpd.router.load import StreamTicket
+
+    runs = [(3, 0.7), (1, 0.75), (0, 0.8), (5, 1.3)]
+    one_by_one, at_once = StreamTicket(0.1, 20), StreamTicket(0.1, 20)
+    total = 1
+    for new, now in runs:
+        total += new
+        one_by_one.add_tokens(total, now)
+    at_once.add_token_runs(runs)
+    assert vars(at_once) == vars(one_by_one) and at_once.num_tokens == 10 and len(at_once.gaps_s) == 9
+    empty = StreamTicket(0.1, 20)
+    empty.add_token_runs([(0, 0.5)])
+    assert empty.last_token_at is None and empty.num_tokens == 1

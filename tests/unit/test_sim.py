@@ -88,12 +88,59 @@ def test_an_arrival_cuts_a_decode_only_stretch_at_the_step_under_way():
 def test_the_router_sees_the_tokens_of_a_stretch_made_so_far():
     sim, seen = Sim(), []
     engine = Engine(sim, PROFILE)
-    job = Job(10, 50, lambda t: None, lambda n, gap, t: seen.append((n, round(gap, 9), round(t, 9))), lambda t: None)
+    job = Job(10, 50, lambda t: None, lambda deliveries: seen.append([(n, round(gap, 9), round(t, 9))
+                                                                      for n, gap, t in deliveries]), lambda t: None)
     sim.at(0.0, lambda: engine.submit(job))
     sim.at(0.65, engine.sync)  # first token at 0.2, then steps end at 0.3 … 0.6: four done by 0.65
     sim.run()
-    assert seen[0] == (4, 0.1, 0.6) and job.generated == 50
-    assert sum(n for n, _, _ in seen) == 49 and seen[-1][2] == pytest.approx(0.2 + 49 * 0.1)
+    assert seen[0] == [(4, 0.1, 0.6)] and job.generated == 50
+    assert sum(n for hand in seen for n, _, _ in hand) == 49 and seen[-1][-1][2] == pytest.approx(0.2 + 49 * 0.1)
+
+
+def _mixed_requests(seed: int, num: int = 600) -> list[tuple[float, int, int]]:
+    import random
+
+    rng = random.Random(seed)
+    requests, t = [], 0.0
+    for _ in range(num):
+        t += rng.expovariate(8.0)
+        requests.append((t, rng.choice([20, 150, 600]), rng.choice([1, 2, 12, 60, 400])))
+    return requests
+
+
+@pytest.mark.parametrize("policy", ["colocated", "threshold", "adaptive"])
+def test_dropping_the_delivery_log_changes_no_outcome(policy, monkeypatch):
+    """The engine logs each delivery once and hands a stream those it has not seen (at its end,
+    or when the router looks); the log's head, seen by every running stream, is dropped. Kept
+    short (a few deliveries) or whole, every token time and decision is the same — a stream
+    handed a delivery twice, or one dropped before it saw it, would change them."""
+    profile = EngineProfile(prefill_tokens_per_s=3000.0, step_overhead_s=0.02, decode_s_per_stream=0.001, kv_transfer_s=0.05)
+    requests = _mixed_requests(3)
+
+    def outcomes(keep: int) -> list[tuple]:
+        monkeypatch.setattr(Engine, "LOG_KEEP", keep)
+        endpoint = SimEndpoint(policy, num_prefill=1, num_decode=2, threshold_tokens=100, profile=profile)
+        return [(o.path, o.reason, o.num_tokens, o.token_times, o.predicted_ttft_s) for o in endpoint.replay(requests)]
+
+    whole = outcomes(10**9)
+    assert outcomes(2) == whole
+    assert all(n == m for (_, _, n, *_), (_, _, m) in zip(whole, requests))  # every token made
+
+
+def test_arrivals_given_out_of_order_are_served_in_time_order():
+    requests = _mixed_requests(5, 200)
+    shuffled = list(reversed(requests))
+    forward = SimEndpoint("colocated", num_prefill=0, num_decode=2, profile=PROFILE).replay(requests)
+    backward = SimEndpoint("colocated", num_prefill=0, num_decode=2, profile=PROFILE).replay(shuffled)
+    assert [(o.first_s, o.token_times) for o in forward] == [(o.first_s, o.token_times) for o in reversed(backward)]
+
+
+def test_an_event_scheduled_before_the_run_goes_before_an_arrival_at_the_same_time():
+    sim, order = Sim(), []
+    sim.at(1.0, lambda: order.append("scheduled"))
+    sim.run([(0.5, lambda: order.append("early")), (1.0, lambda: (order.append("arrival"),
+                                                                  sim.at(1.0, lambda: order.append("later"))))])
+    assert order == ["early", "scheduled", "arrival", "later"]
 
 
 @pytest.mark.parametrize("q", [0.0, 0.5, 0.9, 0.99, 1.0])
