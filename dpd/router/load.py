@@ -240,7 +240,9 @@ class StreamTicket:
     expected_tokens: int
     num_tokens: int = 1
     last_token_at: float | None = None
-    gaps_s: list[float] = field(default_factory=list)  # per-token gaps, for the undisturbed decode rate
+    # per event after the first token: (the gap before each of its tokens, its tokens) — for the
+    # undisturbed decode rate; run-length coded, so the gaps number num_tokens - 1
+    gap_runs: list[tuple[float, int]] = field(default_factory=list)
 
     def add_tokens(self, num_tokens: int, now: float) -> None:
         """``num_tokens`` in all have been seen by ``now`` (an event may carry several)."""
@@ -248,18 +250,28 @@ class StreamTicket:
         if new <= 0:
             return
         last = self.started_at if self.last_token_at is None else self.last_token_at
-        self.gaps_s.extend([(now - last) / new] * new)
+        self.gap_runs.append(((now - last) / new, new))
         self.num_tokens, self.last_token_at = num_tokens, now
 
     def add_token_runs(self, runs: list[tuple[int, float]]) -> None:
         """``add_tokens`` for each run in order: (new tokens, the last one's time) — the simulator
         hands a stream several engine steps' tokens at once."""
+        gap_runs, num_tokens, last = self.gap_runs, self.num_tokens, self.last_token_at
         for new, now in runs:
             if new > 0:
-                last = self.started_at if self.last_token_at is None else self.last_token_at
-                self.gaps_s.extend([(now - last) / new] * new)
-                self.num_tokens += new
-                self.last_token_at = now
+                gap_runs.append(((now - (self.started_at if last is None else last)) / new, new))
+                num_tokens += new
+                last = now
+        self.num_tokens, self.last_token_at = num_tokens, last
+
+    def median_gap_s(self) -> float:
+        """The median gap between tokens (of an even count, the upper middle one); NaN before a second token."""
+        k = (self.num_tokens - 1) // 2
+        for gap, count in sorted(self.gap_runs):
+            if k < count:
+                return gap
+            k -= count
+        return math.nan
 
 
 @dataclass(frozen=True)
@@ -431,10 +443,10 @@ class WorkerLoad:
             changed.add(self)
         if num_tokens is not None:
             ticket.add_tokens(num_tokens, self._clock())
-        if len(ticket.gaps_s) >= 4:
+        if ticket.num_tokens - 1 >= 4:
             # The median gap: the rate between stalls. A stream's mean rate counts the stalls
             # other requests' prefills caused, which the policy predicts separately.
-            gap = sorted(ticket.gaps_s)[len(ticket.gaps_s) // 2]
+            gap = ticket.median_gap_s()
             if gap > 0:
                 self.decode_rate.add(1 / gap)
                 self.shared.decode_rate.add(1 / gap)

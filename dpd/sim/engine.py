@@ -281,24 +281,30 @@ class Outcome:
     first_s: float = float("nan")
     last_s: float = float("nan")
     num_tokens: int = 0
-    gaps: list[tuple[float, int]] = field(default_factory=list)  # inter-token gaps, run-length coded (s, count)
     predicted_ttft_s: float | None = None  # the adaptive policy's, audited at the first token as the router does
+    _deliveries: list[Delivery] = field(default_factory=list, repr=False)  # after the first token, oldest first
 
     def add_first(self, t: float) -> None:
         self.first_s = self.last_s = t
         self.num_tokens = 1
 
-    def add_tokens(self, deliveries: list[Delivery]) -> None:
-        """The tokens of some decode steps (``Engine``'s deliveries), oldest first."""
-        gaps, num_tokens = self.gaps, self.num_tokens
-        for steps, gap_s, _ in deliveries:
+    def add_tokens(self, deliveries: list[Delivery], num_tokens: int) -> None:
+        """The tokens of some decode steps (``Engine``'s deliveries, oldest first); ``num_tokens`` made in all."""
+        self._deliveries.extend(deliveries)
+        self.num_tokens = num_tokens
+        self.last_s = deliveries[-1][2]
+
+    @property
+    def gaps(self) -> list[tuple[float, int]]:
+        """The inter-token gaps after the first token, run-length coded: (s, count). Built when
+        read (a plan reads them once; a speed run never)."""
+        gaps: list[tuple[float, int]] = []
+        for steps, gap_s, _ in self._deliveries:
             if gaps and gaps[-1][0] == gap_s:
                 gaps[-1] = (gap_s, gaps[-1][1] + steps)
             else:
                 gaps.append((gap_s, steps))
-            num_tokens += steps
-        self.num_tokens = num_tokens
-        self.last_s = deliveries[-1][2]
+        return gaps
 
     @property
     def token_times(self) -> list[float]:
@@ -405,9 +411,10 @@ class SimEndpoint:
             state["stream"] = w.load.begin_stream(o.output_tokens)
 
         def tokens(deliveries: list[Delivery]) -> None:
-            o.add_tokens(deliveries)
             # the router's ticket, fed as a real stream feeds it: each step's tokens at its time
-            state["stream"].add_token_runs([(steps, t) for steps, _, t in deliveries])
+            stream = state["stream"]
+            stream.add_token_runs([(steps, t) for steps, _, t in deliveries])
+            o.add_tokens(deliveries, stream.num_tokens)
 
         def done(t: float) -> None:
             w.num_in_flight -= 1

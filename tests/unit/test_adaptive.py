@@ -618,7 +618,27 @@ def test_a_ticket_given_runs_of_tokens_counts_them_as_one_event_each():
         total += new
         one_by_one.add_tokens(total, now)
     at_once.add_token_runs(runs)
-    assert vars(at_once) == vars(one_by_one) and at_once.num_tokens == 10 and len(at_once.gaps_s) == 9
+    assert vars(at_once) == vars(one_by_one) and at_once.num_tokens == 10 and sum(n for _, n in at_once.gap_runs) == 9
     empty = StreamTicket(0.1, 20)
     empty.add_token_runs([(0, 0.5)])
     assert empty.last_token_at is None and empty.num_tokens == 1
+
+
+def test_a_streams_median_gap_is_the_middle_of_its_gaps_one_by_one():
+    """Run-length coded gaps (an event of several tokens is one run) give the median of the
+    gaps listed one by one: the upper middle of an even count, as the decode rate has used."""
+    import random
+
+    from dpd.router.load import StreamTicket
+
+    rng = random.Random(11)
+    for _ in range(200):
+        ticket, t, total, one_by_one = StreamTicket(0.0, 50), 0.0, 1, []
+        for _ in range(rng.randint(1, 12)):
+            new, t = rng.randint(1, 4), t + rng.choice([0.1, 0.2, 0.25, 1.0])
+            last = ticket.last_token_at if ticket.last_token_at is not None else ticket.started_at
+            one_by_one += [(t - last) / new] * new
+            total += new
+            ticket.add_tokens(total, t)
+        assert ticket.median_gap_s() == sorted(one_by_one)[len(one_by_one) // 2]
+    assert StreamTicket(0.0, 5).median_gap_s() != StreamTicket(0.0, 5).median_gap_s()  # NaN: no gap yet
