@@ -5,7 +5,10 @@ beside measured — the accuracy figures of ``dpd plan`` (docs/planning.md, BENC
 ``dpd plan --check LADDER_RESULTS --profile P`` prints one row per run: SLO attainment
 predicted and measured (and the difference, in points), P50 and P99 TTFT and P99 ITL as
 predicted ÷ measured — marked where a miss past 20% still falls inside the measured figure's own
-95% interval (bootstrap over the run's requests), and counted both ways at the end. The endpoint
+95% interval (bootstrap over the run's requests), and counted both ways at the end — and the
+share of requests split, predicted and measured (where the policy decided otherwise, latencies
+cannot agree). A ladder of several rounds also says at how many points the measurement itself
+moved more than 20% between its own rounds (no prediction is within 20% of both). The endpoint
 simulated is the ladder's: one prefill and one decode worker (two colocated workers for
 ``colocated``), the static split at the ladder's threshold (``dpd``), the adaptive policy at its
 floor (``dpd-adaptive``), with the ladder's stall limit, stall weight and TTFT target where it set them.
@@ -41,6 +44,9 @@ class Comparison:
     # the measured figures' own 95% bootstrap intervals over the run's requests: how far the
     # measurement itself could have landed (a P99 of 100 requests is its top one or two)
     measured_intervals: tuple[tuple[float, float], ...] = ()
+    # the share of requests split (prefilled on a prefill worker): predicted, measured — where the
+    # policy decided otherwise than the real router did, the latencies cannot agree
+    split_share: tuple[float, float] = (0.0, 0.0)
 
     @property
     def latencies(self) -> tuple[tuple[float, float], ...]:
@@ -141,6 +147,8 @@ def _compare(ladder: _Ladder, profile: EngineProfile, *, with_intervals: bool = 
             (percentile(sim_ttft, 0.99), percentile(measured_ttft, 0.99)),
             (weighted_percentile(sim_gaps, 0.99), percentile(measured_itl, 0.99)),
             _measured_intervals(records) if with_intervals else (),
+            (sum(o.path == "disaggregated" for o in outcomes) / len(outcomes),
+             sum(r.path == "disaggregated" for r in records) / len(records)),
         ))
     return out
 
@@ -190,15 +198,38 @@ def _latency(pair: tuple[float, float], interval: tuple[float, float] | None) ->
     return _ratio(pair) + mark
 
 
+def round_spread(rows: list[Comparison]) -> dict[str, tuple[int, int]]:
+    """How far the measurement moved between rounds of the same point (workload, scenario, rate):
+    for each latency, (points where its largest measured value is more than 1.2× its smallest,
+    points measured in two rounds or more). A point that moved more than 20% between its own
+    rounds cannot be predicted within 20% of both."""
+    points: dict[tuple[str, str, float], list[Comparison]] = {}
+    for r in rows:
+        points.setdefault((r.workload, r.scenario, r.rate_rps), []).append(r)
+    repeated = [runs for runs in points.values() if len(runs) > 1]
+    out = {}
+    for name, pick in (("TTFT P50", 0), ("TTFT P99", 1), ("ITL P99", 2)):
+        moved = 0
+        for runs in repeated:
+            measured = [r.latencies[pick][1] for r in runs]
+            if all(math.isfinite(m) and m > 0 for m in measured):
+                moved += max(measured) / min(measured) > 1.2
+            else:  # a failed request's infinite TTFT in one round only: moved past any ratio
+                moved += not all(m == measured[0] for m in measured)
+        out[name] = (moved, len(repeated))
+    return out
+
+
 def table(rows: list[Comparison]) -> str:
     lines = ["| workload | scenario | rate (req/s) | attainment predicted / measured (Δ points) | TTFT P50 pred ÷ meas | "
-             "TTFT P99 pred ÷ meas | ITL P99 pred ÷ meas |", "|---|---|---|---|---|---|---|"]
+             "TTFT P99 pred ÷ meas | ITL P99 pred ÷ meas | split share pred / meas |", "|---|---|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: (r.workload, r.scenario, r.rate_rps)):
         intervals: tuple = r.measured_intervals or (None, None, None)
         lines.append(f"| {r.workload} | {r.scenario} | {r.rate_rps:g} | {r.predicted_attainment:.0%} / "
                      f"{r.measured_attainment:.0%} ({r.attainment_error_points:+.0f}) | "
                      + " | ".join(_latency(pair, interval) for pair, interval
-                                  in zip(r.latencies, intervals)) + " |")
+                                  in zip(r.latencies, intervals))
+                     + f" | {r.split_share[0]:.0%} / {r.split_share[1]:.0%} |")
     met = sum(abs(r.attainment_error_points) <= 10 for r in rows)
     lines.append(f"\nAttainment within 10 points in {met} of {len(rows)} runs.")
     for name, pick in (("TTFT P50", 0), ("TTFT P99", 1), ("ITL P99", 2)):
@@ -210,4 +241,13 @@ def table(rows: list[Comparison]) -> str:
             line += (f"; within 20% or inside the measured figure's own 95% interval (bootstrap over the run's "
                      f"requests) in {agree}")
         lines.append(line + ".")
+    spread = round_spread(rows)
+    if any(total for _, total in spread.values()):
+        lines.append("Measured in several rounds, the measurement itself moved more than 20% between its own rounds at: "
+                     + "; ".join(f"{name} {moved} of {total} points" for name, (moved, total) in spread.items()) + ".")
+    policies = [r for r in rows if r.scenario == "dpd-adaptive"]
+    if policies:
+        apart = sum(abs(r.split_share[0] - r.split_share[1]) > 0.2 for r in policies)
+        lines.append(f"The adaptive policy split a share of requests more than 20 points from the real router's in "
+                     f"{apart} of {len(policies)} runs (the same decision code, fed the simulated workers' load).")
     return "\n".join(lines)

@@ -298,6 +298,25 @@ def test_a_prediction_agrees_within_20_percent_or_inside_the_measured_interval()
     assert p99.startswith("TTFT P99 within 20% of measured in 0 of 1 runs;") and p99.endswith("requests) in 0.")
 
 
+def test_the_check_counts_points_whose_measurement_moved_between_rounds_and_compares_splits():
+    from dpd.sim.check import Comparison, round_spread, table
+
+    def row(scenario, ttft_p50, split=(0.5, 0.5)):
+        return Comparison("w", scenario, 1.0, 1.0, 1.0, (1.0, ttft_p50), (2.0, 2.0), (0.1, 0.1), (), split)
+
+    rows = [row("dpd-adaptive", 1.0, (0.8, 0.2)), row("dpd-adaptive", 1.3, (0.6, 0.5)),  # moved 1.3×: past 20%
+            row("colocated", 1.0, (0.0, 0.0)), row("colocated", 1.1, (0.0, 0.0)),  # 1.1×: within
+            row("dpd", 1.0)]  # one round: not counted
+    assert round_spread(rows) == {"TTFT P50": (1, 2), "TTFT P99": (0, 2), "ITL P99": (0, 2)}
+    text = table(rows)
+    assert "| 80% / 20% |" in text
+    assert "moved more than 20% between its own rounds at: TTFT P50 1 of 2 points; TTFT P99 0 of 2" in text
+    assert "more than 20 points from the real router's in 1 of 2 runs" in text
+    failed_once = [row("colocated", 1.0), row("colocated", float("inf"))]  # a failure in one round only
+    assert round_spread(failed_once)["TTFT P50"] == (1, 1)
+    assert "between its own rounds" not in table([row("colocated", 1.0)])
+
+
 def test_the_check_simulates_the_adaptive_settings_the_ladder_ran_with(tmp_path, monkeypatch):
     """A ladder run with a stall weight, a stall limit or a TTFT target is replayed with them."""
     import dpd.sim.check as sim_check
