@@ -275,6 +275,16 @@ class PdFlow:
         first_token_s = self._spec.decodeFirstTokenTimeoutS
         return max(first_token_s, min(FIRST_TRANSFER_FACTOR * first_token_s, self._kv_lease_duration_s / 2))
 
+    def decode_deadline_s(self, is_first: bool, since_prefill_s: float) -> float:
+        """The decode hop's first-token deadline, ``since_prefill_s`` after the prefill answered: the
+        configured one; a pair's first transfer ``first_transfer_timeout_s`` cut to the lease left
+        less LEASE_MARGIN_S, never below the configured one."""
+        deadline_s = self._spec.decodeFirstTokenTimeoutS
+        if is_first:  # NIXL's handshake, within what is left of the prefiller's lease
+            left_s = self._kv_lease_duration_s - since_prefill_s - LEASE_MARGIN_S
+            deadline_s = max(deadline_s, min(self.first_transfer_timeout_s(), left_s))
+        return deadline_s
+
     def forget(self, worker_name: str) -> None:
         """The worker went away (unhealthy, its breaker open, removed): restarted, it has a new
         NIXL agent, so its pairs' next transfers get the handshake's deadline again."""
@@ -465,10 +475,7 @@ class PdFlow:
                 raise pool_unavailable("decode")
             pair = (prefiller_worker, worker)
             is_first = pair not in self._transferred
-            deadline_s = self._spec.decodeFirstTokenTimeoutS
-            if is_first:  # NIXL's handshake, within what is left of the prefiller's lease
-                left_s = self._kv_lease_duration_s - (time.monotonic() - prefilled_at) - LEASE_MARGIN_S
-                deadline_s = max(deadline_s, min(self.first_transfer_timeout_s(), left_s))
+            deadline_s = self.decode_deadline_s(is_first, time.monotonic() - prefilled_at)
             stream = await self._open(
                 ctx, worker, decode_body(ctx.body, kv_params, with_token_ids=self._with_token_ids),
                 deadline_s, Path.DISAGGREGATED.value, is_overhead_sample=not is_first,

@@ -283,6 +283,20 @@ def test_a_first_transfer_deadline_stays_within_half_the_kv_lease():
     flow = PdFlow(None, None, None, None, RouterSpec(decodeFirstTokenTimeoutS=20.0), RouterMetrics(), kv_lease_s=30.0)  # type: ignore[arg-type]
     assert flow.first_transfer_timeout_s() == 20.0  # never shorter than the deadline itself
 
+
+def test_a_first_transfer_waits_no_longer_than_the_lease_left_since_its_prefill():
+    """The prefiller frees the KV when its lease ends: a first transfer whose decode hop started
+    late (it queued for a decode slot) waits only for what is left of it, less a second — never
+    less than the configured deadline; later transfers get the deadline whatever the lease."""
+    from dpd.router.flow import LEASE_MARGIN_S, PdFlow
+    from dpd.router.metrics import RouterMetrics
+
+    flow = PdFlow(None, None, None, None, RouterSpec(decodeFirstTokenTimeoutS=5.0), RouterMetrics(), kv_lease_s=30.0)  # type: ignore[arg-type]
+    assert flow.decode_deadline_s(True, 0.0) == 15.0  # the lease's half: 29 s are left
+    assert flow.decode_deadline_s(True, 20.0) == pytest.approx(30.0 - 20.0 - LEASE_MARGIN_S)  # 9 s left
+    assert flow.decode_deadline_s(True, 27.0) == 5.0  # 2 s left: the configured deadline still
+    assert flow.decode_deadline_s(False, 0.0) == 5.0 and flow.decode_deadline_s(False, 27.0) == 5.0
+
 def split_every_request(router: Router) -> None:
     """The adaptive policy's plan fixed to a split of the first prefiller and decoder."""
     p, d = router.prefill.workers[0], router.decode.workers[0]
