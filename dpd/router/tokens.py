@@ -68,8 +68,18 @@ class TokenCounter:
 
 
 def _flatten(message: dict[str, Any]) -> dict[str, Any]:
-    """Text-part lists become one string, as vLLM joins them before templating."""
+    """The message as vLLM (0.32) hands it to the chat template: text-part lists joined into one
+    string; an earlier turn's reasoning, sent as ``reasoning`` or ``reasoning_content`` (the first
+    wins where both are), given to the template in both fields on an assistant turn and dropped
+    on any other (so the router counts, and hashes for the prefix cache, what the worker renders)."""
     content = message.get("content")
     if isinstance(content, list):
         message = {**message, "content": "\n".join(part["text"] for part in content)}
+    if "reasoning" in message or "reasoning_content" in message:
+        reasoning = message.get("reasoning")
+        if reasoning is None:
+            reasoning = message.get("reasoning_content")
+        message = {k: v for k, v in message.items() if k not in ("reasoning", "reasoning_content")}
+        if message.get("role") == "assistant" and reasoning is not None:
+            message["reasoning"] = message["reasoning_content"] = reasoning
     return message

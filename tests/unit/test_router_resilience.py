@@ -250,6 +250,38 @@ def test_token_ids_outside_the_vocabulary_are_refused():
             counter.count(CompletionRequest(model="m", prompt=ids))
 
 
+def test_a_chat_prompt_is_counted_with_the_reasoning_fields_vllm_gives_its_template():
+    """vLLM 0.32 takes an earlier turn's reasoning from ``reasoning`` (else ``reasoning_content``)
+    and hands an assistant turn's template both fields, any other turn's neither: a template that
+    reads either field renders the same text for the router as for the worker."""
+    from dpd.router.protocol import ChatCompletionRequest
+    from dpd.router.tokens import TokenCounter
+
+    seen: list[list[dict]] = []
+
+    class Tok:
+        def apply_chat_template(self, conversation, **kwargs):
+            seen.append(conversation)
+            return "".join(m.get("reasoning_content", "") + m["content"] for m in conversation)
+
+        def encode(self, text, add_special_tokens=True):
+            return list(range(len(text)))
+
+    counter = TokenCounter(Tok())
+    request = ChatCompletionRequest(model="m", messages=[
+        {"role": "user", "content": "q", "reasoning": "ignored"},
+        {"role": "assistant", "content": "a", "reasoning": "rr"},
+        {"role": "assistant", "content": "b", "reasoning_content": "ss"},
+        {"role": "assistant", "content": "c", "reasoning": "tt", "reasoning_content": "xx"},
+        {"role": "user", "content": "d"}])
+    assert counter.count(request) == len("q" + "rra" + "ssb" + "ttc" + "d")
+    user, a, b, c, d = seen[-1]
+    assert "reasoning" not in user and "reasoning_content" not in user
+    assert a["reasoning"] == a["reasoning_content"] == "rr" and b["reasoning"] == b["reasoning_content"] == "ss"
+    assert c["reasoning"] == c["reasoning_content"] == "tt"  # `reasoning` wins, as in vLLM
+    assert d == {"role": "user", "content": "d"}
+
+
 def test_a_tenant_with_workers_of_its_own_never_spills_onto_shared_ones():
     from dpd.router.pools import make_pool
 
