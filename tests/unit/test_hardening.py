@@ -65,6 +65,19 @@ async def test_a_slow_body_is_a_408():
     assert info.value.status == 408 and info.value.code == "body_timeout"
 
 
+async def test_each_4_mib_of_a_large_body_gets_the_timeout_anew():
+    """A long context allows bodies of tens of MiB: 12 MiB arriving at 4 MiB a 0.2 s (0.6 s in
+    all) is read within a 0.5 s timeout; one 4 MiB slice slower than it is a 408 however many
+    came before."""
+    steady, _ = _request([b"x" * MiB] * 12, {}, delay_s=0.05)
+    assert len(await read_body(steady, 16 * MiB, timeout_s=0.5)) == 12 * MiB
+    # 8 MiB by 0.4 s (the deadline moved to 1.5 s), then a byte every 0.05 s: past it by 1.9 s
+    stalled, _ = _request([b"x" * MiB] * 8 + [b"x"] * 30, {}, delay_s=0.05)
+    with pytest.raises(ApiError) as info:
+        await read_body(stalled, 16 * MiB, timeout_s=0.5)
+    assert info.value.status == 408 and "each 4 MiB" in info.value.message
+
+
 async def test_a_bad_content_length_is_a_400():
     request, _ = _request([b"{}"], {"content-length": "-3"})
     with pytest.raises(ApiError) as info:
