@@ -328,6 +328,18 @@ def open_breakers(workers_state: dict) -> list[str]:
     return out
 
 
+def router_state(url: str) -> dict | None:
+    """The router's ``GET /admin/workers`` (each worker's learned rates, the split's overhead, the
+    adaptive policy's TTFT errors), or None if it did not answer — a diagnostic, never fatal."""
+    try:
+        resp = requests.get(url + "/admin/workers", timeout=10)
+        resp.raise_for_status()
+        state = resp.json()
+    except (requests.RequestException, ValueError):
+        return None
+    return state if isinstance(state, dict) else None
+
+
 def settle(url: str, spec: LadderSpec, seed: int, attempts: int = 12) -> list[str]:
     """Warm up until every breaker is closed, so that no run inherits the one before it (an
     overloaded run can leave the prefill pool's breaker open, and the next run would then be
@@ -366,11 +378,14 @@ def run(spec: LadderSpec, out_dir: Path) -> dict:
             still_open = settle(serve.url, spec, seed=10_000 + 100 * i)  # warm-up ids differ from the set's
             label = f"[{i + 1}/{len(plan)}] round {round_index + 1} {workload} {scenario} @ {rate:g} req/s"
             window = round_index % num_windows
+            learned_before = router_state(serve.url)
             records, duration_s = asyncio.run(replay(serve.url, spec.model, at_rate(sets[(workload, window)][0], rate),
                                                      threshold_tokens=spec.threshold_tokens, seed=spec.seed, label=label))
             lag = percentile([r.send_lag_s for r in records], 0.99)
             results["runs"].append({"round": round_index, "window": window, "workload": workload, "rate_rps": rate, "scenario": scenario,
                                     "duration_s": duration_s, "client_lag_p99_s": lag, "breakers_open_at_start": still_open,
+                                    # what the router had learned (rates, split overhead, TTFT errors) before and after
+                                    "router_state": {"start": learned_before, "end": router_state(serve.url)},
                                     "records": [asdict(r) for r in records]})
             figures = class_figures(records, spec.slo)
             print(f"[ladder] {label}: attainment {figures['attainment']:.0%}, {figures['quantile']} TTFT "

@@ -20,6 +20,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from dpd.bench.ladder import LadderSpec, at_rate, request_set
 from dpd.bench.stats import RequestRecord, bootstrap_ci, percentile, weighted_percentile
@@ -47,6 +48,9 @@ class Comparison:
     # the share of requests split (prefilled on a prefill worker): predicted, measured — where the
     # policy decided otherwise than the real router did, the latencies cannot agree
     split_share: tuple[float, float] = (0.0, 0.0)
+    # what the router had learned by the run's end, simulated and real (None where not recorded):
+    # LEARNED's figures in order
+    learned: tuple[tuple[float | None, float | None], ...] = ()
 
     @property
     def latencies(self) -> tuple[tuple[float, float], ...]:
@@ -77,6 +81,7 @@ class _Run:
     rate_rps: float
     requests: list[tuple[float, int, int]]  # (arrival s, prompt tokens, output tokens), as the ladder sent them
     records: list[RequestRecord]  # what was measured
+    router_state: dict | None = None  # the real router's GET /admin/workers at the run's end, where recorded
 
 
 @dataclass(frozen=True)
@@ -98,11 +103,43 @@ def _load(results_path: str | Path) -> _Ladder:
         return _Ladder(spec, [_Run(run["workload"], run["scenario"], run["rate_rps"],
                                    [(r.arrival_s, r.num_prompt_tokens, r.num_output_tokens)
                                     for r in at_rate(sets[(run["workload"], run.get("window", 0))], run["rate_rps"])],
-                                   [RequestRecord(**r) for r in run["records"]])
+                                   [RequestRecord(**r) for r in run["records"]],
+                                   (run.get("router_state") or {}).get("end"))
                               for run in runs if run["scenario"] in POLICY])
     except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as exc:
         raise ValueError(f"{results_path} is not a `dpd bench ladder` results.json (no {exc})" if isinstance(exc, KeyError)
                          else f"{results_path} is not a `dpd bench ladder` results.json ({exc})") from None
+
+
+LEARNED = ("prefill-0 prefill tok/s", "decode-0 prefill tok/s", "decode-0 decode tok/s", "split overhead s",
+           "TTFT error P90 direct s", "TTFT error P90 split s")
+
+
+def _learned_figures(state: dict | None) -> tuple[float | None, ...]:
+    """LEARNED's figures from a router's ``GET /admin/workers`` answer (None where absent)."""
+    if not state:
+        return (None,) * len(LEARNED)
+    workers = {w.get("name"): w for pool in state.get("pools", {}).values() for w in pool.get("workers", [])}
+    routing = state.get("routing", {})
+    errors = routing.get("ttft_errors", {})
+
+    def get(d: Any, *keys: str) -> float | None:
+        for key in keys:
+            d = d.get(key) if isinstance(d, dict) else None
+        return float(d) if isinstance(d, (int, float)) and not isinstance(d, bool) else None
+
+    return (get(workers, "prefill-0", "prefill_tokens_per_s"), get(workers, "decode-0", "prefill_tokens_per_s"),
+            get(workers, "decode-0", "decode_tokens_per_s"), get(routing, "split_overhead_s"),
+            get(errors, "direct", "p90_s"), get(errors, "disaggregated", "p90_s"))
+
+
+def _simulated_state(sim: SimEndpoint) -> dict:
+    """The simulated router's learned state, shaped as ``GET /admin/workers`` answers it."""
+    return {"pools": {"prefill": {"workers": [{"name": w.name, **w.load.state()} for w in sim.prefill]},
+                      "decode": {"workers": [{"name": w.name, **w.load.state()} for w in sim.decode]}},
+            "routing": {"split_overhead_s": sim.endpoint.split_overhead.value,
+                        "ttft_errors": {path: {"p90_s": errors.quantile(0.9)}
+                                        for path, errors in sim.endpoint.ttft_errors.items()}}}
 
 
 def check(results_path: str | Path, profile: EngineProfile) -> list[Comparison]:
@@ -149,6 +186,8 @@ def _compare(ladder: _Ladder, profile: EngineProfile, *, with_intervals: bool = 
             _measured_intervals(records) if with_intervals else (),
             (sum(o.path == "disaggregated" for o in outcomes) / len(outcomes),
              sum(r.path == "disaggregated" for r in records) / len(records)),
+            tuple(zip(_learned_figures(_simulated_state(sim)), _learned_figures(run.router_state)))
+            if run.router_state else (),
         ))
     return out
 
@@ -169,6 +208,12 @@ def fit_speed(results_path: str | Path, profile: EngineProfile,
         rows = _compare(ladder, under_load(profile, speed))
         errors.append((speed, sum(abs(r.attainment_error_points) for r in rows) / max(len(rows), 1)))
     return sorted(errors, key=lambda e: (e[1], -e[0]))
+
+
+def _figure(value: float | None) -> str:
+    if value is None or value != value:
+        return "—"
+    return f"{value:.3g}"
 
 
 def _ratio(pair: tuple[float, float]) -> str:
@@ -214,8 +259,8 @@ def round_spread(rows: list[Comparison]) -> dict[str, tuple[int, int]]:
             measured = [r.latencies[pick][1] for r in runs]
             if all(math.isfinite(m) and m > 0 for m in measured):
                 moved += max(measured) / min(measured) > 1.2
-            else:  # a failed request's infinite TTFT in one round only: moved past any ratio
-                moved += not all(m == measured[0] for m in measured)
+            else:  # a failed request's infinite TTFT in one round only: moved past any ratio (NaN alike in all: not)
+                moved += len({"nan" if m != m else m for m in measured}) > 1
         out[name] = (moved, len(repeated))
     return out
 
@@ -245,6 +290,14 @@ def table(rows: list[Comparison]) -> str:
     if any(total for _, total in spread.values()):
         lines.append("Measured in several rounds, the measurement itself moved more than 20% between its own rounds at: "
                      + "; ".join(f"{name} {moved} of {total} points" for name, (moved, total) in spread.items()) + ".")
+    learned = [r for r in sorted(rows, key=lambda r: (r.workload, r.scenario, r.rate_rps)) if r.learned]
+    if learned:
+        lines += ["", "What the router had learned by each run's end, simulated / real (the real router's state is "
+                  "carried over from the runs before on its endpoint; the simulated one starts from the priors):", "",
+                  "| workload | scenario | rate (req/s) | " + " | ".join(LEARNED) + " |", "|---" * (3 + len(LEARNED)) + "|"]
+        lines += [f"| {r.workload} | {r.scenario} | {r.rate_rps:g} | "
+                  + " | ".join(f"{_figure(sim)} / {_figure(real)}" for sim, real in r.learned) + " |" for r in learned]
+        lines.append("")
     policies = [r for r in rows if r.scenario == "dpd-adaptive"]
     if policies:
         apart = sum(abs(r.split_share[0] - r.split_share[1]) > 0.2 for r in policies)

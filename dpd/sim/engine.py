@@ -102,6 +102,8 @@ class Sim:
         gc.set_threshold(max(thresholds[0], 100_000), *thresholds[1:])
         events, pop = self._events, heapq.heappop
         pending = arrivals or []
+        if any(pending[i][0] > pending[i + 1][0] for i in range(len(pending) - 1)):
+            raise ValueError("arrivals must be sorted by time")
         first_seq = next(self._seq)  # events scheduled before the run go before arrivals at the same time
         i, n = 0, len(pending)
         try:

@@ -272,6 +272,35 @@ def test_the_simulator_is_checked_against_a_ladders_runs(tmp_path):
     assert "inside the measured figure's own 95% interval" in table(rows)
 
 
+def test_the_check_sets_what_the_real_router_learned_beside_the_simulated_one(tmp_path):
+    """A ladder records the router's GET /admin/workers at each run's start and end; the check
+    shows the end's rates, split overhead and TTFT errors beside the simulated router's."""
+    from dpd.bench.ladder import LadderSpec
+    from dpd.bench.stats import RequestRecord
+    from dpd.bench.stats import Slo as BenchSlo
+    from dpd.sim.check import LEARNED, check, table
+
+    spec = LadderSpec(trace_dir="/nowhere", rates_rps=(0.5,), slo=BenchSlo(10, 0.2), workloads=("synthetic",),
+                      num_requests=10, max_prompt_tokens=512)
+    records = [RequestRecord(ttft_s=1.0, e2e_s=3.0, num_output_tokens=11, itls_s=[0.2] * 10, index=i, path="disaggregated")
+               for i in range(10)]
+    path = _ladder_results(tmp_path, spec, records, ("dpd", "colocated"), 0.5)
+    results = json.loads(path.read_text())
+    real = {"pools": {"prefill": {"workers": [{"name": "prefill-0", "prefill_tokens_per_s": 321.0}]},
+                      "decode": {"workers": [{"name": "decode-0", "prefill_tokens_per_s": 250.0,
+                                              "decode_tokens_per_s": 31.5}]}},
+            "routing": {"split_overhead_s": 0.21, "ttft_errors": {"direct": {"p90_s": None},
+                                                                    "disaggregated": {"p90_s": 1.5}}}}
+    results["runs"][0]["router_state"] = {"start": None, "end": real}
+    path.write_text(json.dumps(results))
+    pd, colocated = check(path, EngineProfile())
+    assert [measured for _, measured in pd.learned] == [321.0, 250.0, 31.5, 0.21, None, 1.5]
+    assert len(pd.learned) == len(LEARNED) and all(sim is not None for sim, _ in pd.learned[:4])
+    assert pd.split_share[1] == 1.0 and colocated.learned == ()  # no router state recorded there
+    text = table([pd, colocated])
+    assert "What the router had learned" in text and "/ 321 |" in text and "/ — |" in text
+
+
 def test_a_run_with_nothing_measured_is_left_out_of_the_check(tmp_path):
     from dpd.bench.ladder import LadderSpec
     from dpd.bench.stats import Slo as BenchSlo

@@ -127,6 +127,20 @@ def test_dropping_the_delivery_log_changes_no_outcome(policy, monkeypatch):
     assert all(n == m for (_, _, n, *_), (_, _, m) in zip(whole, requests))  # every token made
 
 
+@pytest.mark.parametrize("policy,digest", [("colocated", "063f5a42a40ddf55"), ("threshold", "f1db009fbc3eab7d"),
+                                           ("adaptive", "49bbcf7ed740f096")])
+def test_the_simulators_outcomes_are_pinned(policy, digest):
+    """Every path, reason, token time and predicted TTFT of a mixed workload, hashed: the digests
+    were taken before the engine's token bookkeeping was rewritten (b4c3030) and must not move
+    with a speed-up; a change that is meant to move them updates them and says why."""
+    import hashlib
+
+    profile = EngineProfile(prefill_tokens_per_s=3000.0, step_overhead_s=0.02, decode_s_per_stream=0.001, kv_transfer_s=0.05)
+    outs = SimEndpoint(policy, num_prefill=1, num_decode=2, threshold_tokens=100, profile=profile).replay(_mixed_requests(3))
+    seen = repr([(o.path, o.reason, o.token_times, o.predicted_ttft_s) for o in outs])
+    assert hashlib.sha256(seen.encode()).hexdigest()[:16] == digest
+
+
 def test_arrivals_given_out_of_order_are_served_in_time_order():
     requests = _mixed_requests(5, 200)
     shuffled = list(reversed(requests))
