@@ -12,6 +12,9 @@ moved more than 20% between its own rounds (no prediction is within 20% of both)
 simulated is the ladder's: one prefill and one decode worker (two colocated workers for
 ``colocated``), the static split at the ladder's threshold (``dpd``), the adaptive policy at its
 floor (``dpd-adaptive``), with the ladder's stall limit, stall weight and TTFT target where it set them.
+As on the real machine, one simulated P/D endpoint serves all of the ladder's P/D runs in the order
+they ran (its policy switched between them) and one colocated endpoint the colocated runs, so each
+run starts from what its router learned in the runs before.
 """
 
 from __future__ import annotations
@@ -163,15 +166,28 @@ def _compare(ladder: _Ladder, profile: EngineProfile, *, with_intervals: bool = 
     planned = Slo(spec.slo.ttft_s if spec.adaptive_ttft_target_s is None else spec.adaptive_ttft_target_s,
                   spec.slo.tpot_s)
     out = []
+    # One simulated endpoint per real one, serving its runs in the ladder's order: the real P/D
+    # endpoint serves the static and the adaptive runs one after another (the policy switched
+    # between them), and what its router learned in one run — each worker's rates, which worker
+    # prefilled lately, its TTFT errors — is where the next starts. A fresh simulated router per
+    # run settled the adaptive policy in another of its regimes (docs/planning.md).
+    endpoints: dict[str, SimEndpoint] = {}
     for run in ladder.runs:
         if not run.records:  # nothing measured: nothing to compare
             continue
         policy = POLICY[run.scenario]
         floor = spec.adaptive_floor_tokens if policy == "adaptive" else spec.threshold_tokens
-        sim = SimEndpoint(policy, num_prefill=1, num_decode=1, threshold_tokens=floor, profile=profile, slo=planned,
-                          floor_tokens=spec.adaptive_floor_tokens, max_stall_s=spec.adaptive_max_stall_s,
-                          stall_weight=1.0 if spec.adaptive_stall_weight is None else spec.adaptive_stall_weight)
-        outcomes = sim.replay(run.requests)
+        kind = "colocated" if policy == "colocated" else "pd"
+        sim = endpoints.get(kind)
+        if sim is None:
+            sim = endpoints[kind] = SimEndpoint(
+                policy, num_prefill=1, num_decode=1, threshold_tokens=floor, profile=profile, slo=planned,
+                floor_tokens=spec.adaptive_floor_tokens, max_stall_s=spec.adaptive_max_stall_s,
+                stall_weight=1.0 if spec.adaptive_stall_weight is None else spec.adaptive_stall_weight)
+        elif kind == "pd":
+            sim.switch(policy, floor)
+        start = sim.sim.now + RUN_GAP_S  # each run after the one before, as the ladder ran them
+        outcomes = sim.replay([(start + t, n, m) for t, n, m in run.requests])
         records = run.records
         measured_ttft = [r.ttft_s if r.is_ok else float("inf") for r in records]
         measured_itl = [g for r in records if r.is_ok for g in r.itls_s]
@@ -190,6 +206,9 @@ def _compare(ladder: _Ladder, profile: EngineProfile, *, with_intervals: bool = 
             if run.router_state else (),
         ))
     return out
+
+
+RUN_GAP_S = 30.0  # between two runs on one endpoint: the ladder's warm-up and settling (no requests simulated)
 
 
 SPEEDS = tuple(round(1.0 - 0.05 * i, 2) for i in range(11))  # 1.0 … 0.5: the factors --fit-speed tries
@@ -292,8 +311,8 @@ def table(rows: list[Comparison]) -> str:
                      + "; ".join(f"{name} {moved} of {total} points" for name, (moved, total) in spread.items()) + ".")
     learned = [r for r in sorted(rows, key=lambda r: (r.workload, r.scenario, r.rate_rps)) if r.learned]
     if learned:
-        lines += ["", "What the router had learned by each run's end, simulated / real (the real router's state is "
-                  "carried over from the runs before on its endpoint; the simulated one starts from the priors):", "",
+        lines += ["", "What the router had learned by each run's end, simulated / real (each carried over from the runs "
+                  "before on its endpoint; the real one also from the ladder's warm-ups):", "",
                   "| workload | scenario | rate (req/s) | " + " | ".join(LEARNED) + " |", "|---" * (3 + len(LEARNED)) + "|"]
         lines += [f"| {r.workload} | {r.scenario} | {r.rate_rps:g} | "
                   + " | ".join(f"{_figure(sim)} / {_figure(real)}" for sim, real in r.learned) + " |" for r in learned]

@@ -367,6 +367,14 @@ class SimEndpoint:
         self.candidates = Candidates(self.prefill, self.decode, self.prefill,
                                      index=ShortlistIndex(self.prefill, self.decode) if policy == "adaptive" else None)
 
+    def switch(self, policy: str, threshold_tokens: int) -> None:
+        """Serve what comes next under another P/D policy (as ``PUT /admin/policy`` does), keeping
+        what the router has learned. A colocated endpoint has no prefill pool to switch to."""
+        if policy not in ("threshold", "adaptive") or self.policy == "colocated":
+            raise ValueError(f"cannot switch a {self.policy} endpoint to {policy}")
+        self.policy = policy
+        self.threshold = ThresholdDecider(threshold_tokens)
+
     def replay(self, requests: list[tuple[float, int, int]],
                progress: Callable[[float], None] | None = None) -> list[Outcome]:
         """Serve (arrival s, prompt tokens, output tokens) requests; their outcomes in order.

@@ -14,7 +14,7 @@ import pytest
 
 from dpd.config import parse_config
 from dpd.router.adaptive import Slo
-from dpd.sim.engine import EngineProfile
+from dpd.sim.engine import EngineProfile, SimEndpoint
 from dpd.sim.plan import Candidate, best, candidates, config_for, evaluate, search
 from dpd.sim.profile import Profile, fit_line, measure, modelled
 
@@ -301,6 +301,43 @@ def test_the_check_sets_what_the_real_router_learned_beside_the_simulated_one(tm
     assert "What the router had learned" in text and "/ 321 |" in text and "/ — |" in text
 
 
+def test_the_check_replays_an_endpoints_runs_on_one_simulated_endpoint_in_order(tmp_path, monkeypatch):
+    """The real P/D endpoint serves a ladder's static and adaptive runs one after the other, its
+    router keeping what it learned; so does the simulated one (the policy switched between runs),
+    each run starting after the one before. The colocated endpoint is another."""
+    import dpd.sim.check as sim_check
+    from dpd.bench.ladder import LadderSpec
+    from dpd.bench.stats import RequestRecord
+    from dpd.bench.stats import Slo as BenchSlo
+
+    spec = LadderSpec(trace_dir="/nowhere", rates_rps=(0.5,), slo=BenchSlo(10, 0.2), workloads=("synthetic",),
+                      num_requests=6, max_prompt_tokens=512)
+    records = [RequestRecord(ttft_s=1.0, e2e_s=3.0, num_output_tokens=11, itls_s=[0.2] * 10, index=i) for i in range(6)]
+    path = _ladder_results(tmp_path, spec, records, ("dpd", "colocated", "dpd-adaptive", "dpd", "colocated"), 0.5)
+    made, served = [], []
+    real_init, real_replay, real_switch = SimEndpoint.__init__, SimEndpoint.replay, SimEndpoint.switch
+
+    def init(self, policy, **kwargs):
+        made.append(policy)
+        real_init(self, policy, **kwargs)
+
+    def replay(self, requests, progress=None):
+        served.append((id(self), self.policy, requests[0][0], self.sim.now))
+        return real_replay(self, requests, progress)
+
+    monkeypatch.setattr(SimEndpoint, "__init__", init)
+    monkeypatch.setattr(SimEndpoint, "replay", replay)
+    rows = sim_check.check(path, EngineProfile())
+    assert [r.scenario for r in rows] == ["dpd", "colocated", "dpd-adaptive", "dpd", "colocated"]
+    assert made == ["threshold", "colocated"]  # one per endpoint
+    pd = [entry for entry in served if entry[0] == served[0][0]]
+    assert [policy for _, policy, _, _ in pd] == ["threshold", "adaptive", "threshold"]
+    assert all(first_arrival >= now + sim_check.RUN_GAP_S for _, _, first_arrival, now in pd)
+    assert pd[1][3] > 0  # the second run began where the first left the clock
+    with pytest.raises(ValueError):
+        real_switch(SimEndpoint("colocated", profile=EngineProfile()), "adaptive", 0)
+
+
 def test_a_run_with_nothing_measured_is_left_out_of_the_check(tmp_path):
     from dpd.bench.ladder import LadderSpec
     from dpd.bench.stats import Slo as BenchSlo
@@ -395,7 +432,9 @@ def test_the_check_replays_each_run_on_its_own_request_set(tmp_path, monkeypatch
     sets = [[(r.arrival_s, r.num_prompt_tokens, r.num_output_tokens)
              for r in at_rate(request_set(spec, "synthetic", window=k)[0], 0.5)] for k in (0, 1)]
     assert sets[0] != sets[1]
-    assert replayed == [sets[1]]
+    [got] = replayed  # the run begins RUN_GAP_S into the simulated endpoint's clock
+    assert [(n, m) for _, n, m in got] == [(n, m) for _, n, m in sets[1]]
+    assert [t - sim_check.RUN_GAP_S for t, _, _ in got] == pytest.approx([t for t, _, _ in sets[1]])
 
 
 def test_a_profile_under_load_is_slower_by_the_factor():
