@@ -284,10 +284,26 @@ def round_spread(rows: list[Comparison]) -> dict[str, tuple[int, int]]:
     return out
 
 
+def _row_order(r: Comparison) -> tuple[str, str, float]:
+    return r.workload, r.scenario, r.rate_rps
+
+
+def _learned_table(rows: list[Comparison]) -> list[str]:
+    """The runs whose real router state was recorded: what each router had learned, simulated / real."""
+    learned = [r for r in sorted(rows, key=_row_order) if r.learned]
+    if not learned:
+        return []
+    return ["", "What the router had learned by each run's end, simulated / real (each carried over from the runs "
+            "before on its endpoint; the real one also from the ladder's warm-ups):", "",
+            "| workload | scenario | rate (req/s) | " + " | ".join(LEARNED) + " |", "|---" * (3 + len(LEARNED)) + "|",
+            *(f"| {r.workload} | {r.scenario} | {r.rate_rps:g} | "
+              + " | ".join(f"{_figure(sim)} / {_figure(real)}" for sim, real in r.learned) + " |" for r in learned), ""]
+
+
 def table(rows: list[Comparison]) -> str:
     lines = ["| workload | scenario | rate (req/s) | attainment predicted / measured (Δ points) | TTFT P50 pred ÷ meas | "
              "TTFT P99 pred ÷ meas | ITL P99 pred ÷ meas | split share pred / meas |", "|---|---|---|---|---|---|---|---|"]
-    for r in sorted(rows, key=lambda r: (r.workload, r.scenario, r.rate_rps)):
+    for r in sorted(rows, key=_row_order):
         intervals: tuple = r.measured_intervals or (None, None, None)
         lines.append(f"| {r.workload} | {r.scenario} | {r.rate_rps:g} | {r.predicted_attainment:.0%} / "
                      f"{r.measured_attainment:.0%} ({r.attainment_error_points:+.0f}) | "
@@ -309,14 +325,7 @@ def table(rows: list[Comparison]) -> str:
     if any(total for _, total in spread.values()):
         lines.append("Measured in several rounds, the measurement itself moved more than 20% between its own rounds at: "
                      + "; ".join(f"{name} {moved} of {total} points" for name, (moved, total) in spread.items()) + ".")
-    learned = [r for r in sorted(rows, key=lambda r: (r.workload, r.scenario, r.rate_rps)) if r.learned]
-    if learned:
-        lines += ["", "What the router had learned by each run's end, simulated / real (each carried over from the runs "
-                  "before on its endpoint; the real one also from the ladder's warm-ups):", "",
-                  "| workload | scenario | rate (req/s) | " + " | ".join(LEARNED) + " |", "|---" * (3 + len(LEARNED)) + "|"]
-        lines += [f"| {r.workload} | {r.scenario} | {r.rate_rps:g} | "
-                  + " | ".join(f"{_figure(sim)} / {_figure(real)}" for sim, real in r.learned) + " |" for r in learned]
-        lines.append("")
+    lines += _learned_table(rows)
     policies = [r for r in rows if r.scenario == "dpd-adaptive"]
     if policies:
         apart = sum(abs(r.split_share[0] - r.split_share[1]) > 0.2 for r in policies)
