@@ -23,9 +23,10 @@ BODY_READ_SLICE_BYTES = 4 * 1024 * 1024  # each slice of a body gets the read ti
 async def read_body(request: Request, max_bytes: int, timeout_s: float) -> bytes:
     """The request's body, bounded while it is read: a declared ``Content-Length`` over
     ``max_bytes`` is refused before reading (413), a body that grows past it is cut off at the
-    limit (413, never buffered whole), and one whose first 4 MiB — or any 4 MiB after — does not
-    arrive within ``timeout_s`` is a 408 (a slow client cannot hold a connection and its memory
-    open; a large body that a long context allows is not cut off for its size alone). Raises
+    limit (413, never buffered whole), and one whose first 4 MiB does not arrive within
+    ``timeout_s``, or any 4 MiB after within ``timeout_s`` of the one before, is a 408 (a slow
+    client holds a connection and its memory at most ceil(max_bytes ÷ 4 MiB) × ``timeout_s``; a
+    large body that a long context allows is not cut off for its size alone). Raises
     ``ClientDisconnect`` if the client leaves."""
     too_large = ApiError(413, f"Request body is larger than {max_bytes} bytes.", code="body_too_large")
     declared = request.headers.get("content-length")
@@ -44,11 +45,9 @@ async def read_body(request: Request, max_bytes: int, timeout_s: float) -> bytes
                 if size > max_bytes:
                     raise too_large
                 parts.append(part)
-                while size >= next_slice:  # a slice arrived in time: the next one gets timeout_s more
-                    next_slice += BODY_READ_SLICE_BYTES
-                    when = deadline.when()
-                    assert when is not None
-                    deadline.reschedule(when + timeout_s)
+                if size >= next_slice:  # a slice arrived in time: the next gets timeout_s from now
+                    next_slice += BODY_READ_SLICE_BYTES * ((size - next_slice) // BODY_READ_SLICE_BYTES + 1)
+                    deadline.reschedule(asyncio.get_running_loop().time() + timeout_s)
     except TimeoutError:
         raise ApiError(408, f"The request body did not arrive in time ({timeout_s:g}s for each 4 MiB).",
                        type="invalid_request_error", code="body_timeout") from None

@@ -69,9 +69,10 @@ class TokenCounter:
 
 def _flatten(message: dict[str, Any]) -> dict[str, Any]:
     """The message as vLLM (0.32) hands it to the chat template: text-part lists joined into one
-    string; an earlier turn's reasoning, sent as ``reasoning`` or ``reasoning_content`` (the first
-    wins where both are), given to the template in both fields on an assistant turn and dropped
-    on any other (so the router counts, and hashes for the prefix cache, what the worker renders)."""
+    string; an earlier turn's reasoning, sent as ``reasoning`` or ``reasoning_content`` (vLLM's
+    request validation renames the latter to the former unless both are set: then ``reasoning``
+    wins), given to the template in both fields on an assistant turn and dropped on any other (so
+    the router counts, and hashes for the prefix cache, what the worker renders)."""
     content = message.get("content")
     if isinstance(content, list):
         message = {**message, "content": "\n".join(part["text"] for part in content)}

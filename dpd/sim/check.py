@@ -168,9 +168,9 @@ def _compare(ladder: _Ladder, profile: EngineProfile, *, with_intervals: bool = 
     out = []
     # One simulated endpoint per real one, serving its runs in the ladder's order: the real P/D
     # endpoint serves the static and the adaptive runs one after another (the policy switched
-    # between them), and what its router learned in one run — each worker's rates, which worker
-    # prefilled lately, its TTFT errors — is where the next starts. A fresh simulated router per
-    # run settled the adaptive policy in another of its regimes (docs/planning.md).
+    # between them), and what its router learned in one run — above all each worker's measured
+    # prefill rate — is where the next starts. A fresh simulated router per run settled the
+    # adaptive policy in another of its regimes (docs/planning.md).
     endpoints: dict[str, SimEndpoint] = {}
     for run in ladder.runs:
         if not run.records:  # nothing measured: nothing to compare
@@ -202,8 +202,9 @@ def _compare(ladder: _Ladder, profile: EngineProfile, *, with_intervals: bool = 
             _measured_intervals(records) if with_intervals else (),
             (sum(o.path == "disaggregated" for o in outcomes) / len(outcomes),
              sum(r.path == "disaggregated" for r in records) / len(records)),
+            # (P/D runs: a colocated endpoint's two workers are named otherwise in the simulator)
             tuple(zip(_learned_figures(_simulated_state(sim)), _learned_figures(run.router_state)))
-            if run.router_state else (),
+            if run.router_state and kind == "pd" else (),
         ))
     return out
 

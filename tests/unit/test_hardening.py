@@ -71,7 +71,7 @@ async def test_each_4_mib_of_a_large_body_gets_the_timeout_anew():
     came before."""
     steady, _ = _request([b"x" * MiB] * 12, {}, delay_s=0.05)
     assert len(await read_body(steady, 16 * MiB, timeout_s=0.5)) == 12 * MiB
-    # 8 MiB by 0.4 s (the deadline moved to 1.5 s), then a byte every 0.05 s: past it by 1.9 s
+    # 8 MiB by 0.4 s (the next slice due by 0.9 s), then a byte every 0.05 s: still short of it at 1.9 s
     stalled, _ = _request([b"x" * MiB] * 8 + [b"x"] * 30, {}, delay_s=0.05)
     with pytest.raises(ApiError) as info:
         await read_body(stalled, 16 * MiB, timeout_s=0.5)
