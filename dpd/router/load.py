@@ -35,7 +35,7 @@ import bisect
 import math
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 Clock = Callable[[], float]
@@ -246,14 +246,9 @@ class StreamTicket:
 
     def add_tokens(self, num_tokens: int, now: float) -> None:
         """``num_tokens`` in all have been seen by ``now`` (an event may carry several)."""
-        new = num_tokens - self.num_tokens
-        if new <= 0:
-            return
-        last = self.started_at if self.last_token_at is None else self.last_token_at
-        self.gap_runs.append(((now - last) / new, new))
-        self.num_tokens, self.last_token_at = num_tokens, now
+        self.add_token_runs(((num_tokens - self.num_tokens, now),))
 
-    def add_token_runs(self, runs: list[tuple[int, float]]) -> None:
+    def add_token_runs(self, runs: Sequence[tuple[int, float]]) -> None:
         """``add_tokens`` for each run in order: (new tokens, the last one's time) — the simulator
         hands a stream several engine steps' tokens at once."""
         gap_runs, num_tokens, last = self.gap_runs, self.num_tokens, self.last_token_at

@@ -373,8 +373,8 @@ class SimEndpoint:
         if policy not in ("threshold", "adaptive") or self.policy == "colocated":
             raise ValueError(f"cannot switch a {self.policy} endpoint to {policy}")
         self.policy = policy
-        self.threshold = ThresholdDecider(threshold_tokens)
-        self.adaptive.set_threshold(threshold_tokens)  # one threshold for both, as the router's set_threshold
+        self.threshold.set_threshold(threshold_tokens)  # one threshold for both, as the router's set_threshold
+        self.adaptive.set_threshold(threshold_tokens)
 
     def replay(self, requests: list[tuple[float, int, int]],
                progress: Callable[[float], None] | None = None) -> list[Outcome]:
