@@ -123,8 +123,8 @@ class BreakerSpec(_Frozen):
     """Circuit breakers: per worker (closed / open / half-open) and for the prefill pool."""
 
     failureThreshold: int = Field(
-        default=3, ge=1, description="Consecutive failed requests that open a worker's breaker "
-        "(a refused connection or a failed health probe opens it at once)."
+        default=3, ge=1, description="Consecutive failed requests, or health probes that timed out, "
+        "that open a worker's breaker (a refused connection or a failed health probe opens it at once)."
     )
     openS: float = Field(default=5.0, gt=0, description="How long a breaker stays open before a trial (half-open).")
     poolFailureThreshold: int = Field(

@@ -4,7 +4,8 @@ A ``CircuitBreaker`` is closed (requests flow), open (none do) or half-open (one
 at a time). Per worker:
 
   closed    --``failure_threshold`` consecutive failed requests, one refused connection,
-              or one failed health probe-->                                          open
+              one failed health probe, or ``failure_threshold`` consecutive health
+              probes that timed out-->                                               open
   open      --``open_s`` elapsed and the worker passes its health probe-->          half-open
   half-open --the trial request succeeds--> closed;  --it fails--> open (cooldown restarts)
 
@@ -12,6 +13,12 @@ Per pool (the prefill pool's breaker): the same machine driven by consecutive fa
 disaggregated attempts of any of its workers (prefill errors and timeouts, decode stalls), and
 half-open as soon as its cooldown passes. While it is open, long prompts take the direct path,
 so a degraded prefill pool costs them speed, never an error.
+
+A probe that times out is not a failed one: on a machine short of CPU a busy worker (or the
+router's own loop) can answer ``/health`` late while it serves every request, and a breaker
+opened on one late answer turned a healthy worker away (the only decoder: 503s for every
+request until its cooldown passed). Late probes count toward their own threshold instead, reset
+by a probe answered in time; a worker that is really hung also fails its requests' deadlines.
 
 Everything here is synchronous and driven by the caller's clock; the router reports outcomes.
 """
@@ -56,6 +63,7 @@ class CircuitBreaker:
         self._on_transition = on_transition
         self.state = state
         self.num_consecutive_failures = 0
+        self.num_consecutive_late_probes = 0
         self.opened_at = clock() if state is BreakerState.OPEN else 0.0
         self.is_trial_in_flight = False
         self.last_error: str | None = None
@@ -101,7 +109,16 @@ class CircuitBreaker:
             self.opened_at = self._clock()
             self._move(BreakerState.OPEN)
 
-    def record_probe(self, is_ok: bool, error: str | None = None) -> None:
+    def record_probe(self, is_ok: bool, error: str | None = None, *, is_late: bool = False) -> None:
+        """A health probe's answer: ``is_ok``, or an error; ``is_late``: no answer within the
+        probe's timeout, which opens the breaker only ``failure_threshold`` times running."""
+        if is_ok:
+            self.num_consecutive_late_probes = 0
+        elif is_late:
+            self.num_consecutive_late_probes += 1
+            if self.num_consecutive_late_probes < self.failure_threshold:
+                self.last_error = error or "health probe timed out"
+                return
         if not is_ok:
             self.record_failure(error or "health probe failed", is_definite=True)
         elif self.state is BreakerState.OPEN and self._cooled_down():

@@ -292,10 +292,16 @@ class PdFlow:
 
     async def open(self, ctx: RequestContext) -> UpstreamStream:
         """Run the hops up to the decoder's first event; return the open stream."""
-        if ctx.decision.decode is None and not self._decode.available(ctx.tenant):
-            raise pool_unavailable("decode")  # before spending a prefill on it
+        # No decoder: every worker can serve a whole request, so a prefill worker is the last
+        # resort before a 503 (which comes before a prefill is spent).
+        has_no_decoder = ctx.decision.decode is None and not self._decode.available(ctx.tenant)
+        if has_no_decoder and not self._prefill.available(ctx.tenant):
+            raise pool_unavailable("decode")
         if ctx.path is Path.DISAGGREGATED:
-            stream, reason = await self._disaggregated(ctx)
+            if has_no_decoder:
+                stream, reason = None, HopOutcome.DECODE_UNAVAILABLE
+            else:
+                stream, reason = await self._disaggregated(ctx)
             if stream is not None:
                 return stream
             self._metrics.fallbacks.labels(reason.value).inc()
@@ -471,8 +477,9 @@ class PdFlow:
                                   tenant=ctx.tenant)
         try:
             worker = self._take(self._decode, ctx.decision.decode, ctx.tenant)
-            if worker is None:
-                raise pool_unavailable("decode")
+            if worker is None:  # the decoders went away during the prefill hop
+                release()
+                return None, HopOutcome.DECODE_UNAVAILABLE
             pair = (prefiller_worker, worker)
             is_first = pair not in self._transferred
             deadline_s = self.decode_deadline_s(is_first, time.monotonic() - prefilled_at)
@@ -520,7 +527,7 @@ class PdFlow:
             if attempt == 0 and first is not None and first in self._pool_of(first).available(ctx.tenant):
                 worker: Worker | None = self._pool_of(first).claim(first, with_pool_breaker=False)
             else:
-                worker = self._decode.pick(self._picker, ctx.tenant, exclude=frozenset(tried))
+                worker = self._pick_for_whole(ctx.tenant, frozenset(tried), may_reuse=True)
             if worker is None:
                 raise pool_unavailable("decode")
             tried.add(worker.name)
@@ -540,6 +547,20 @@ class PdFlow:
                 self._metrics.retries.labels("decode").inc()
                 log.warning("request %s: %s; retrying (attempt %d of %d)", ctx.request_id, error.message, attempt + 2, retry.maxAttempts)
         raise AssertionError("unreachable")
+
+    def _pick_for_whole(self, tenant: str | None, exclude: frozenset[str], *, may_reuse: bool) -> Worker | None:
+        """A worker for a whole request: a decoder, else — the endpoint's last resort before a
+        503 — a prefill worker (every worker can serve a whole request; it is no disaggregated
+        attempt, so the prefill pool's breaker is not consulted). A worker in ``exclude`` only if
+        ``may_reuse`` and it is its pool's only one (a retry, as the picker allows)."""
+        for pool in (self._decode, self._prefill):
+            candidates = pool.available(tenant)
+            if not may_reuse:
+                candidates = [w for w in candidates if w.name not in exclude]
+            worker = self._picker.pick(candidates, exclude=exclude)
+            if worker is not None:
+                return pool.claim(worker, with_pool_breaker=False)
+        return None
 
     async def _on_prefiller(self, ctx: RequestContext, worker: Worker, path_label: str) -> UpstreamStream | None:
         """The request whole on the prefiller that just computed its prompt (its prefix cache
@@ -568,12 +589,7 @@ class PdFlow:
         the original stream's."""
         tried = set(exclude)
         while True:
-            worker: Worker | None = None
-            for pool in (self._decode, self._prefill):
-                worker = self._picker.pick([w for w in pool.available(ctx.tenant) if w.name not in tried])
-                if worker is not None:
-                    pool.claim(worker, with_pool_breaker=False)
-                    break
+            worker = self._pick_for_whole(ctx.tenant, frozenset(tried), may_reuse=False)
             if worker is None:
                 raise pool_unavailable("decode")
             tried.add(worker.name)

@@ -25,6 +25,9 @@ class HopOutcome(str, Enum):
     PREFILL_NO_KV = "prefill_no_kv"  # the prefiller answered without kv_transfer_params
     DECODE_STALL = "decode_stall"  # no first token within decodeFirstTokenTimeoutS (the NIXL stall)
     DECODE_ERROR = "decode_error"  # the decode hop failed (a decoder's fault, not the prefill pool's)
+    # No decoder the tenant may use, before the split (then not split: its KV would have nowhere
+    # to go) or after its prefill hop: a prefill worker serves it whole, since every worker can.
+    DECODE_UNAVAILABLE = "decode_unavailable"
 
 
 class Verdict(Enum):
@@ -56,6 +59,7 @@ OUTCOMES: dict[HopOutcome, OutcomeRule] = {
     # long prompts direct instead of taking the decoder out.
     HopOutcome.DECODE_STALL: OutcomeRule(Verdict.FAILURE, falls_back=True, prefilled=True),
     HopOutcome.DECODE_ERROR: OutcomeRule(Verdict.NEUTRAL, falls_back=True, prefilled=True),
+    HopOutcome.DECODE_UNAVAILABLE: OutcomeRule(Verdict.NEUTRAL, falls_back=True),
 }
 
 

@@ -61,13 +61,13 @@ class Worker:
         finally:
             self.num_in_flight -= 1
 
-    def record_probe(self, is_ok: bool, error: str | None = None) -> None:
+    def record_probe(self, is_ok: bool, error: str | None = None, *, is_late: bool = False) -> None:
         if is_ok and not self.has_been_up:
             # First sight of the worker (router start-up): no trial needed.
             self.has_been_up = True
             self.breaker.force(BreakerState.CLOSED)
             return
-        self.breaker.record_probe(is_ok, error)
+        self.breaker.record_probe(is_ok, error, is_late=is_late)
 
     def state(self) -> dict:
         return {
@@ -214,7 +214,9 @@ class HealthProber:
                     worker.record_probe(True)
                 else:
                     worker.record_probe(False, f"/health returned {resp.status}")
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        except TimeoutError:  # no answer in time: late, not refused (breaker.py)
+            worker.record_probe(False, f"/health timed out after {timeout.total:.0f}s", is_late=True)
+        except (aiohttp.ClientError, OSError) as exc:
             worker.record_probe(False, f"/health unreachable: {exc.__class__.__name__}")
         if self._on_change and was_state is not worker.breaker.state:
             self._on_change(worker)

@@ -110,3 +110,34 @@ def test_force_open_owes_no_cooldown():
     b.force(BreakerState.OPEN)
     b.record_probe(True)
     assert b.state is BreakerState.HALF_OPEN
+
+
+def test_late_probes_open_only_failure_threshold_times_running():
+    """A probe that timed out (a busy worker, a starved machine) is no refused connection: it
+    opens the breaker only ``failure_threshold`` times in a row; one answered in time resets that."""
+    clock = Clock()
+    b, seen = breaker(clock)
+    b.record_probe(False, "/health timed out", is_late=True)
+    b.record_probe(False, "/health timed out", is_late=True)
+    b.record_probe(True)  # answered in time: the count starts again
+    b.record_probe(False, "/health timed out", is_late=True)
+    b.record_probe(False, "/health timed out", is_late=True)
+    assert b.state is BreakerState.CLOSED and b.allows_request() and seen == []
+    b.record_failure("a failed request")  # requests keep their own count
+    assert b.state is BreakerState.CLOSED
+    b.record_probe(False, "/health timed out", is_late=True)
+    assert b.state is BreakerState.OPEN and b.last_error == "/health timed out"
+    clock.now += 5
+    b.record_probe(True)
+    assert b.state is BreakerState.HALF_OPEN
+
+
+def test_a_late_probe_does_not_reset_a_refusals_opening():
+    clock = Clock()
+    b, _ = breaker(clock)
+    b.record_probe(False, "/health unreachable")
+    clock.now += 5
+    b.record_probe(False, "/health timed out", is_late=True)  # still not answering in time
+    assert b.state is BreakerState.OPEN
+    b.record_probe(True)
+    assert b.state is BreakerState.HALF_OPEN

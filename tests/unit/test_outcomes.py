@@ -18,6 +18,7 @@ ROWS = [
     (HopOutcome.PREFILL_NO_KV, 2, True),
     (HopOutcome.DECODE_STALL, 2, True),
     (HopOutcome.DECODE_ERROR, 1, True),
+    (HopOutcome.DECODE_UNAVAILABLE, 1, True),
 ]
 
 

@@ -50,7 +50,9 @@ class ScriptedWorker:
         bad_event: bytes | None = None,
         direct_first_token_delay_s: float = 0.0,
         decode_failure_status: int = 500,
+        health_delay_s: float = 0.0,
     ):
+        self.health_delay_s = health_delay_s  # how late GET /health answers
         self.decode_failure_status = decode_failure_status  # what each of num_decode_failures answers
         self.direct_first_token_delay_s = direct_first_token_delay_s  # a whole request's first token
         self.bad_event = bad_event  # sent after the first token, as if it were an event
@@ -75,6 +77,7 @@ class ScriptedWorker:
         return str(self.server.make_url("")).rstrip("/")
 
     async def health(self, request: web.Request) -> web.Response:
+        await asyncio.sleep(self.health_delay_s)
         return web.json_response({})
 
     async def metrics(self, request: web.Request) -> web.Response:
@@ -555,6 +558,7 @@ OUTCOME_SETUPS: dict[HopOutcome, tuple[dict[str, Any], dict[str, Any], dict[str,
     HopOutcome.PREFILL_NO_KV: ({"prefill_kv": False}, {}, {}),
     HopOutcome.DECODE_STALL: ({}, {"first_token_delay_s": 1.0}, {"decodeFirstTokenTimeoutS": 0.2}),
     HopOutcome.DECODE_ERROR: ({}, {"num_decode_failures": 1}, {}),
+    HopOutcome.DECODE_UNAVAILABLE: ({}, {}, {}),  # the decoder is draining: the prefill worker serves it whole
 }
 
 
@@ -568,9 +572,9 @@ async def test_outcome_row_end_to_end_through_the_flow(make_router, outcome):
     client = await make_router(ScriptedWorker(**prefill_kw), ScriptedWorker(**decode_kw), threshold=0, **spec)
     router = client.router  # type: ignore[attr-defined]
     pool_breaker = router.prefill.breaker
-    if outcome in (HopOutcome.PREFILL_BREAKER_OPEN, HopOutcome.PREFILL_UNAVAILABLE):
-        # Both arise when the state changes between the decision and the flow (the decider saw a
-        # usable prefill pool): the decision is made as before, then the pool goes away.
+    if outcome in (HopOutcome.PREFILL_BREAKER_OPEN, HopOutcome.PREFILL_UNAVAILABLE, HopOutcome.DECODE_UNAVAILABLE):
+        # These arise when the state changes between the decision and the flow (the decider saw
+        # usable pools): the decision is made as before, then a pool goes away.
         decided = router.routing.decide
 
         def decide_then_lose_the_pool(*args, **kwargs):
@@ -578,8 +582,10 @@ async def test_outcome_row_end_to_end_through_the_flow(make_router, outcome):
             if outcome is HopOutcome.PREFILL_BREAKER_OPEN:
                 for _ in range(pool_breaker.failure_threshold):
                     pool_breaker.record_failure("scripted")
-            else:
+            elif outcome is HopOutcome.PREFILL_UNAVAILABLE:
                 router.prefill.workers[0].is_draining = True
+            else:
+                router.decode.workers[0].is_draining = True
             return decision
 
         router.routing.decide = decide_then_lose_the_pool
@@ -606,8 +612,8 @@ async def test_outcome_row_end_to_end_through_the_flow(make_router, outcome):
         assert resp is None or resp.headers["x-dpd-path"] == "disaggregated"
     if rule.pool_breaker is Verdict.FAILURE:
         assert pool_breaker.num_consecutive_failures == 1
-    elif rule.pool_breaker is Verdict.NONE:
-        assert pool_breaker.state is BreakerState.OPEN  # refused, not told: still open
+    elif outcome is HopOutcome.PREFILL_BREAKER_OPEN:  # Verdict.NONE: refused, not told: still open
+        assert rule.pool_breaker is Verdict.NONE and pool_breaker.state is BreakerState.OPEN
     else:
         assert pool_breaker.num_consecutive_failures == 0 and pool_breaker.state is BreakerState.CLOSED
 

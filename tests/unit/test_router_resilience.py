@@ -178,13 +178,47 @@ async def test_admin_key_is_checked_against_its_hash(make_router):
         assert bad.status_code == 400 and bad.json()["error"]["message"] == "The body must be a JSON object.", raw[:20]
 
 
-async def test_no_decoder_at_all_is_an_immediate_503_without_a_prefill(make_router):
+async def test_no_decoder_a_prefill_worker_serves_whole_requests(make_router):
+    """Every worker can serve a whole request: with no decoder up, the prefill worker is the last
+    resort before a 503 — a long prompt is not split (its KV would have nowhere to go)."""
     prefill, decode = ScriptedWorker(), ScriptedWorker()
     client = await make_router(prefill, decode, threshold=10)
     await decode.server.close()
     await client.router._prober.probe_once()
+    short, long = (await client.post("/v1/completions", json=BODY)), (await client.post("/v1/completions", json=LONG))
+    assert short.status_code == 200 and (short.headers["x-dpd-path"], short.headers["x-dpd-workers"]) == ("direct", "prefill-0")
+    assert long.status_code == 200 and long.headers["x-dpd-path"] == "fallback"
+    assert (long.headers["x-dpd-fallback"], long.headers["x-dpd-workers"]) == ("decode_unavailable", "prefill-0")
+    assert [("kv_transfer_params" in b) for b in prefill.bodies] == [False, False]  # two whole requests, no prefill hop
+    text = (await client.get("/metrics")).text
+    assert metric(text, 'dpd_fallbacks_total{reason="decode_unavailable"}') == 1
+
+
+async def test_no_worker_at_all_is_an_immediate_503(make_router):
+    prefill, decode = ScriptedWorker(), ScriptedWorker()
+    client = await make_router(prefill, decode, threshold=10)
+    await decode.server.close()
+    await prefill.server.close()
+    await client.router._prober.probe_once()
     resp = await client.post("/v1/completions", json=LONG)
     assert resp.status_code == 503 and resp.headers["retry-after"] and prefill.bodies == []
+
+
+async def test_a_decoder_that_answers_health_late_keeps_serving(make_router):
+    """On a machine short of CPU a busy worker answers /health after the probe's timeout: that
+    alone must not turn the only decoder away (it once made every request a 503 for a cooldown)."""
+    decode = ScriptedWorker()
+    client = await make_router(None, decode, breaker={"failureThreshold": 3})
+    await client.router._prober.stop()  # this test probes by hand
+    decode.health_delay_s = 1.5  # the probe's timeout is max(1 s, healthIntervalS)
+    await client.router._prober.probe_once()
+    await client.router._prober.probe_once()
+    worker = client.router.decode.workers[0]
+    assert worker.breaker.state.value == "closed", worker.breaker.last_error
+    assert (await client.post("/v1/completions", json=BODY)).status_code == 200
+    await client.router._prober.probe_once()  # the third late answer running: the worker is judged hung
+    assert worker.breaker.state.value == "open" and "timed out" in worker.breaker.last_error
+    decode.health_delay_s = 0.0
 
 
 async def test_graceful_shutdown_refuses_new_requests_and_waits_for_streams(make_router):
