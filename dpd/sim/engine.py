@@ -45,12 +45,17 @@ class EngineProfile:
     max_batched_tokens: int = 2048
     max_num_seqs: int = 256  # requests in a step at most (vLLM's default on CPU and smaller GPUs)
     kv_transfer_s: float = 0.25  # the decode hop's first token after the prefill answered
+    # What taking in a pulled KV costs the decoder, per prompt token pulled: its step that admits
+    # the request is that much longer (every stream it runs waits). dpd profile measures it; 0
+    # (older profiles) leaves the decoder undisturbed by splits.
+    kv_pull_s_per_token: float = 0.0
 
     def __post_init__(self) -> None:
         # A profile is read from a file a user may have edited: a zero step time would loop
         # forever, a negative rate would plan nonsense, a string would fail mid-search.
         for name, low, is_int in (("prefill_tokens_per_s", 0, False), ("step_overhead_s", None, False),
                                   ("decode_s_per_stream", None, False), ("kv_transfer_s", None, False),
+                                  ("kv_pull_s_per_token", None, False),
                                   ("max_batched_tokens", 0, True), ("max_num_seqs", 0, True)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int if is_int else (int, float)):
@@ -76,6 +81,7 @@ class Job:
     generated: int = 0  # tokens handed to on_first and on_tokens so far
     finish_at: int = 0  # while decoding: the engine's step count at which its last token is made
     seen: int = 0  # while decoding: the engine's deliveries handed to it so far
+    pulled_tokens: int = 0  # a split's decode: the prompt tokens whose KV it pulled (its admission's cost)
 
     def __post_init__(self) -> None:
         self.remaining_prefill = self.prompt_tokens
@@ -220,6 +226,8 @@ class Engine:
             budget -= take
         prefill_tokens = sum(take for job, take in chunks if job.remaining_prefill)
         step_s = p.step_overhead_s + prefill_tokens / p.prefill_tokens_per_s + len(self.running) * p.decode_s_per_stream
+        if p.kv_pull_s_per_token:
+            step_s += sum(job.pulled_tokens for job, _ in chunks) * p.kv_pull_s_per_token
         # The batch cannot change before the step ends: streams join and leave only there.
         self.sim.at(self.sim.now + step_s, lambda: self._end_step(chunks, step_s))
 
@@ -410,7 +418,8 @@ class SimEndpoint:
         else:
             self._whole(o, d)
 
-    def _decode_on(self, o: Outcome, w: Worker, prompt_tokens: int, on_first: Callable[[float], None]) -> None:
+    def _decode_on(self, o: Outcome, w: Worker, prompt_tokens: int, on_first: Callable[[float], None],
+                   pulled_tokens: int = 0) -> None:
         w.num_in_flight += 1
         state: dict = {}
 
@@ -433,7 +442,7 @@ class SimEndpoint:
                 w.load.end_stream(state["stream"], o.output_tokens)
             self.endpoint.output_tokens.add(o.output_tokens)
 
-        self.engines[w.name].submit(Job(prompt_tokens, o.output_tokens, first, tokens, done))
+        self.engines[w.name].submit(Job(prompt_tokens, o.output_tokens, first, tokens, done, pulled_tokens=pulled_tokens))
 
     def _whole(self, o: Outcome, w: Worker) -> None:
         ticket = w.load.begin_prefill(o.prompt_tokens, o.output_tokens)
@@ -447,8 +456,11 @@ class SimEndpoint:
             p.load.end_prefill(ticket, is_ok=True)
             p.num_in_flight -= 1
             sent = self.sim.now
-            self.sim.at(sent + self.profile.kv_transfer_s, lambda: self._decode_on(
-                o, d, 0, lambda t2: self.endpoint.split_overhead.add(t2 - sent)))
+            # kv_transfer_s is measured to the decoder's first token, the pull's cost to it included:
+            # that cost is spent in the decoder's step that admits the request (Engine._maybe_step).
+            wait_s = max(0.0, self.profile.kv_transfer_s - o.prompt_tokens * self.profile.kv_pull_s_per_token)
+            self.sim.at(sent + wait_s, lambda: self._decode_on(
+                o, d, 0, lambda t2: self.endpoint.split_overhead.add(t2 - sent), pulled_tokens=o.prompt_tokens))
 
         self.engines[p.name].submit(Job(o.prompt_tokens, 1, _ignore, _ignore_tokens, prefilled))
 

@@ -12,7 +12,9 @@ Measuring, on one worker that serves nothing else:
 * **decode** — b concurrent streams of one-token prompts for b in a few batch sizes, the mean
   gap between a stream's tokens: gap = step cost + b × per-stream cost, fitted likewise;
 * **the KV pull** — the split's own cost as a P/D router measures it (``/admin/workers``,
-  ``split_overhead_s``), when a router is given; else the default, and the profile says so.
+  ``split_overhead_s``), when a router is given; else the default, and the profile says so;
+  and what a pull costs the decoder's other streams (``measure_pull``: a stream on the decoder
+  delayed by splits, less the same prefills' delay run alone, per prompt token pulled).
 
 Quick mode takes about a minute on this project's CPU workers; ``full`` adds longer prompts and
 larger batches.
@@ -20,11 +22,14 @@ larger batches.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import platform
 import statistics
+import threading
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -189,6 +194,9 @@ def measure(worker_url: str, *, mode: str = "quick", router_url: str | None = No
         split_s = measure_split(router_url, client.model, seed, progress)
         if split_s is not None:
             engine = replace(engine, kv_transfer_s=round(split_s, 4))
+            pull = measure_pull(router_url, client.model, seed, api_key, progress)
+            if pull is not None:
+                engine = replace(engine, kv_pull_s_per_token=round(pull, 8))
         else:
             notes.append("the router measured no split (is it a P/D endpoint?): KV pull left at the default")
     else:
@@ -200,31 +208,115 @@ def measure(worker_url: str, *, mode: str = "quick", router_url: str | None = No
                                                      "decode": [[x, y] for x, y in zip(batch_x, gap_y)]})
 
 
-def measure_split(router_url: str, model: str, seed: int, progress: Any = print, num: int = 4) -> float | None:
-    """The split's own cost (KV pull, the decode hop's first step) as the router measures it:
-    a few disaggregated requests (the static split at threshold 0 meanwhile — the adaptive policy
-    may run such a prompt whole — then the router's policy and threshold restored)."""
-    url = router_url.rstrip("/")
+@contextlib.contextmanager
+def _every_prompt_split(url: str) -> Iterator[None]:
+    """The router's static split at threshold 0 (the adaptive policy may run a prompt whole),
+    then its policy and threshold restored."""
     before = requests.get(url + "/admin/workers", timeout=10).json().get("routing", {})
     threshold, policy = before.get("threshold_tokens"), before.get("policy")
     requests.put(url + "/admin/threshold", json={"threshold_tokens": 0}, timeout=10).raise_for_status()
     if policy not in (None, "threshold"):
         requests.put(url + "/admin/policy", json={"policy": "threshold"}, timeout=10).raise_for_status()
     try:
-        for i in range(num):
-            prompt = [1000 + ((seed + i) * 7919 + k * 104729) % 20000 for k in range(256)]
-            requests.post(url + "/v1/completions", timeout=600, json={
-                "model": model, "prompt": prompt, "max_tokens": 2, "temperature": 0}).raise_for_status()
+        yield
     finally:
         if threshold is not None:
             requests.put(url + "/admin/threshold", json={"threshold_tokens": threshold}, timeout=10)
         if policy not in (None, "threshold"):
             requests.put(url + "/admin/policy", json={"policy": policy}, timeout=10)
+
+
+def _split(url: str, model: str, prompt: list[int]) -> None:
+    requests.post(url + "/v1/completions", timeout=600, json={
+        "model": model, "prompt": prompt, "max_tokens": 2, "temperature": 0}).raise_for_status()
+
+
+def measure_split(router_url: str, model: str, seed: int, progress: Any = print, num: int = 4) -> float | None:
+    """The split's own cost (KV pull, the decode hop's first step) as the router measures it:
+    a few disaggregated requests."""
+    url = router_url.rstrip("/")
+    with _every_prompt_split(url):
+        for i in range(num):
+            _split(url, model, [1000 + ((seed + i) * 7919 + k * 104729) % 20000 for k in range(256)])
     routing = requests.get(url + "/admin/workers", timeout=10).json().get("routing", {})
     if not routing.get("split_overhead_samples"):
         return None
     progress(f"profile: the split's own cost (KV pull + first decode step): {routing['split_overhead_s']:.3f} s")
     return float(routing["split_overhead_s"])
+
+
+def _stream_delay_s(decoder: WorkerClient, load: Callable[[], None], seed: int) -> float:
+    """How much ``load`` delayed a stream on ``decoder``: the stream runs alone for 16 tokens
+    (the median gap is its pace), then ``load`` runs; the delay is the window's length less the
+    time the tokens made in it take at that pace."""
+    times: list[float] = []
+    started, stop = threading.Event(), threading.Event()
+
+    def stream() -> None:
+        resp = requests.post(decoder.url + "/v1/completions", headers=decoder.headers, timeout=600, stream=True, json={
+            "model": decoder.model, "prompt": decoder.prompt(8, seed), "max_tokens": 4000, "temperature": 0,
+            "ignore_eos": True, "stream": True})
+        resp.raise_for_status()
+        with resp:
+            for line in resp.iter_lines(chunk_size=None):
+                if line.startswith(b"data: {"):
+                    times.append(time.monotonic())
+                    if len(times) == 16:
+                        started.set()
+                if stop.is_set():
+                    return  # closing the connection aborts the request on the worker
+
+    with ThreadPoolExecutor(1) as pool:
+        streaming = pool.submit(stream)
+        while not started.wait(0.1):
+            if streaming.done():
+                streaming.result()  # raises what ended it
+                raise RuntimeError("the decoder's stream ended before 16 tokens")
+        pace = statistics.median(b - a for a, b in zip(times, times[1:]))
+        t0 = time.monotonic()
+        try:
+            load()
+        finally:
+            t1 = time.monotonic()
+            stop.set()
+        streaming.result()
+    made = sum(1 for t in times if t0 < t <= t1)
+    return max(0.0, (t1 - t0) - made * pace)
+
+
+def measure_pull(router_url: str, model: str, seed: int, api_key: str | None = None, progress: Any = print,
+                 num: int = 4, prompt_tokens: int = 768) -> float | None:
+    """What taking in a split's KV costs the decoder's other streams, per prompt token: a stream
+    on the decoder is delayed by ``num`` splits of ``prompt_tokens``-token prompts, less what the
+    same prefills run whole on the prefill worker delay it (the machine's shared cores, not the
+    pull), divided by the tokens pulled. None if the router names no prefill and decode worker."""
+    url = router_url.rstrip("/")
+    pools = requests.get(url + "/admin/workers", timeout=10).json().get("pools", {})
+    try:
+        prefill_url = pools["prefill"]["workers"][0]["url"]
+        decoder = WorkerClient(pools["decode"]["workers"][0]["url"], model, api_key)
+    except (KeyError, IndexError, TypeError):
+        return None
+    prefiller = WorkerClient(prefill_url, model, api_key)
+
+    def prompts(base: int) -> list[list[int]]:
+        return [prefiller.prompt(prompt_tokens, base + i) for i in range(num)]
+
+    def prefills() -> None:
+        for prompt in prompts(seed + 100):
+            prefiller.complete(prompt, 1)
+
+    def splits() -> None:
+        for prompt in prompts(seed + 200):
+            _split(url, model, prompt)
+
+    alone = _stream_delay_s(decoder, prefills, seed + 300)
+    with _every_prompt_split(url):
+        split = _stream_delay_s(decoder, splits, seed + 301)
+    per_token = max(0.0, split - alone) / (num * prompt_tokens)
+    progress(f"profile: a stream on the decoder delayed {split:.3f} s by {num} splits of {prompt_tokens} tokens, "
+             f"{alone:.3f} s by the same prefills alone: the pull costs it {per_token * 1e6:.1f} µs a token")
+    return per_token
 
 
 # -- what-if hardware -------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ class FakeWorker(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        time.sleep(0.005 + len(body["prompt"]) / RATE)
+        self._work(0.005 + len(body["prompt"]) / RATE)
         if not body.get("stream"):
             self._json({"choices": [{"text": "x"}], "usage": {"completion_tokens": 1}})
             return
@@ -53,19 +53,32 @@ class FakeWorker(BaseHTTPRequestHandler):
 
         for i in range(body["max_tokens"]):
             if i:
-                time.sleep(STEP_S)
+                self._work(STEP_S)
             chunk = {"choices": [{"text": "x"}], "usage": {"completion_tokens": i + 1}}
             send(b"data: " + json.dumps(chunk).encode() + b"\n\n")
         send(b"data: [DONE]\n\n")
         self.wfile.write(b"0\r\n\r\n")
 
+    def _work(self, seconds: float) -> None:
+        time.sleep(seconds)
+
     def log_message(self, *args) -> None:
         pass
 
 
+class OneEngineWorker(FakeWorker):
+    """Every prefill and every stream's step holds one engine: a prefill delays the streams."""
+
+    engine = threading.Lock()
+
+    def _work(self, seconds: float) -> None:
+        with self.engine:
+            time.sleep(seconds)
+
+
 @pytest.fixture
-def fake_worker():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeWorker)
+def fake_worker(request):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), getattr(request, "param", FakeWorker))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
@@ -89,6 +102,18 @@ def test_a_profile_measures_a_workers_known_speeds(fake_worker, tmp_path):
     path = tmp_path / "p.json"
     path.write_text(profile.to_json())
     assert Profile.load(path) == profile
+
+
+@pytest.mark.parametrize("fake_worker", [OneEngineWorker], indirect=True)
+def test_a_streams_delay_is_the_time_a_load_held_its_engine(fake_worker):
+    """What ``dpd profile`` measures a KV pull's cost to the decoder with: a stream's delay while
+    a load runs. Two 1,200-token prefills hold the engine 0.305 s each: the stream waits 0.61 s."""
+    from dpd.sim.profile import WorkerClient, _stream_delay_s
+
+    client = WorkerClient(fake_worker)
+    delay = _stream_delay_s(client, lambda: [client.complete(client.prompt(1200, s), 1) for s in (1, 2)], seed=3)
+    assert delay == pytest.approx(0.61, abs=0.15)
+    assert _stream_delay_s(client, lambda: time.sleep(0.3), seed=4) == pytest.approx(0.0, abs=0.1)  # no load: no delay
 
 
 @pytest.mark.parametrize("engine, error", [

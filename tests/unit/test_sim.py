@@ -43,6 +43,24 @@ def test_the_static_split_prefills_long_prompts_on_the_prefill_worker():
     assert outs[0].ttft_s == pytest.approx(3.1 + 0.5 + 0.1, abs=0.11)
 
 
+def test_a_pulled_kv_costs_the_decoders_step_that_admits_it():
+    """A 300-token split lands on a decoder streaming a short request. Prefilled at 3.15 s; with
+    0.001 s a pulled token the decoder's admitting step is 0.1 + 0.3 s, and the request waits the
+    measured 0.5 s less those 0.3 s for it: submitted at 3.35, it waits for the step ending at
+    3.4, and its first token comes at 3.8 either way; the stream beside it gets a 0.4 s gap."""
+    from dataclasses import replace
+
+    requests = [(0.0, 20, 60), (0.05, 300, 3)]
+    plain = SimEndpoint("threshold", threshold_tokens=100, profile=PROFILE).replay(requests)
+    pulled = SimEndpoint("threshold", threshold_tokens=100,
+                         profile=replace(PROFILE, kv_pull_s_per_token=0.001)).replay(requests)
+    assert [o.path for o in pulled] == ["direct", "disaggregated"]
+    assert pulled[1].first_s == pytest.approx(3.8) and plain[1].first_s == pytest.approx(3.8)
+    assert max(g for g, _ in plain[0].gaps) == pytest.approx(0.1)
+    assert max(g for g, _ in pulled[0].gaps) == pytest.approx(0.4)
+    assert any(t == pytest.approx(3.8) for t in pulled[0].token_times)
+
+
 def test_the_adaptive_policy_runs_inside_the_simulator():
     requests = [(i * 0.5, 300 if i % 3 == 0 else 20, 8) for i in range(30)]
     outs = SimEndpoint("adaptive", profile=PROFILE, slo=Slo(10.0, 0.5)).replay(requests)
