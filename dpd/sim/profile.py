@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import json
 import platform
 import statistics
@@ -37,6 +38,7 @@ from typing import Any
 
 import requests
 
+from dpd.router.flow import decode_body, prefill_body
 from dpd.sim.engine import EngineProfile
 
 
@@ -226,18 +228,15 @@ def _every_prompt_split(url: str) -> Iterator[None]:
             requests.put(url + "/admin/policy", json={"policy": policy}, timeout=10)
 
 
-def _split(url: str, model: str, prompt: list[int]) -> None:
-    requests.post(url + "/v1/completions", timeout=600, json={
-        "model": model, "prompt": prompt, "max_tokens": 2, "temperature": 0}).raise_for_status()
-
-
 def measure_split(router_url: str, model: str, seed: int, progress: Any = print, num: int = 4) -> float | None:
     """The split's own cost (KV pull, the decode hop's first step) as the router measures it:
     a few disaggregated requests."""
     url = router_url.rstrip("/")
     with _every_prompt_split(url):
         for i in range(num):
-            _split(url, model, [1000 + ((seed + i) * 7919 + k * 104729) % 20000 for k in range(256)])
+            prompt = [1000 + ((seed + i) * 7919 + k * 104729) % 20000 for k in range(256)]
+            requests.post(url + "/v1/completions", timeout=600, json={
+                "model": model, "prompt": prompt, "max_tokens": 2, "temperature": 0}).raise_for_status()
     routing = requests.get(url + "/admin/workers", timeout=10).json().get("routing", {})
     if not routing.get("split_overhead_samples"):
         return None
@@ -245,11 +244,17 @@ def measure_split(router_url: str, model: str, seed: int, progress: Any = print,
     return float(routing["split_overhead_s"])
 
 
-def _stream_delay_s(decoder: WorkerClient, load: Callable[[], None], seed: int) -> float:
-    """How much ``load`` delayed a stream on ``decoder``: the stream runs alone for 16 tokens
-    (the median gap is its pace), then ``load`` runs; the delay is the window's length less the
-    time the tokens made in it take at that pace."""
+Windows = list[tuple[float, float]]
+
+
+def _stream_delay_s(decoder: WorkerClient, load: Callable[[], Windows], seed: int, quiet_tokens: int = 16) -> float:
+    """How much ``load`` delayed a stream on ``decoder``: the stream runs alone for
+    ``quiet_tokens`` tokens, then ``load`` runs, then it runs alone again for as many. Its pace
+    is the median gap outside the load; the delay, summed over the windows ``load`` returns (its
+    moments of interest), is each window's length less the time the tokens made in it take at
+    that pace."""
     times: list[float] = []
+    span: list[float] = []
     started, stop = threading.Event(), threading.Event()
 
     def stream() -> None:
@@ -261,61 +266,78 @@ def _stream_delay_s(decoder: WorkerClient, load: Callable[[], None], seed: int) 
             for line in resp.iter_lines(chunk_size=None):
                 if line.startswith(b"data: {"):
                     times.append(time.monotonic())
-                    if len(times) == 16:
+                    if len(times) == quiet_tokens:
                         started.set()
+                    if len(span) == 2 and sum(1 for t in times if t > span[1]) > quiet_tokens:
+                        return  # closing the connection aborts the request on the worker
                 if stop.is_set():
-                    return  # closing the connection aborts the request on the worker
+                    return
 
     with ThreadPoolExecutor(1) as pool:
         streaming = pool.submit(stream)
         while not started.wait(0.1):
             if streaming.done():
                 streaming.result()  # raises what ended it
-                raise RuntimeError("the decoder's stream ended before 16 tokens")
-        pace = statistics.median(b - a for a, b in zip(times, times[1:]))
-        t0 = time.monotonic()
+                raise RuntimeError(f"the decoder's stream ended before {quiet_tokens} tokens")
+        span.append(time.monotonic())
         try:
-            load()
-        finally:
-            t1 = time.monotonic()
+            windows = load()
+        except BaseException:
             stop.set()
-        streaming.result()
-    made = sum(1 for t in times if t0 < t <= t1)
-    return max(0.0, (t1 - t0) - made * pace)
+            raise
+        finally:
+            span.append(time.monotonic())
+        streaming.result(timeout=600)
+    t0, t1 = span
+    pace = statistics.median(b - a for a, b in zip(times, times[1:]) if b <= t0 or a > t1)
+    return sum(max(0.0, (end - start) - sum(1 for t in times if start < t <= end) * pace) for start, end in windows)
+
+
+def _split_by_hand(prefiller: WorkerClient, decoder: WorkerClient, prompt: list[int]) -> tuple[float, float]:
+    """One split as the router makes it (its own request bodies): the prefill, then the decode
+    hop that pulls the KV and makes two tokens; the decode hop's (start, end)."""
+    body = {"model": decoder.model, "prompt": prompt, "max_tokens": 2, "temperature": 0}
+    resp = requests.post(prefiller.url + "/v1/completions", headers=prefiller.headers, timeout=600,
+                         json=prefill_body(body))
+    resp.raise_for_status()
+    kv_params = resp.json().get("kv_transfer_params")
+    if not kv_params:
+        raise RuntimeError(f"{prefiller.url} answered a prefill without kv_transfer_params (is it a P/D prefill worker?)")
+    started = time.monotonic()
+    with requests.post(decoder.url + "/v1/completions", headers=decoder.headers, timeout=600, stream=True,
+                       json=decode_body(body, kv_params)) as hop:
+        hop.raise_for_status()
+        for _ in hop.iter_lines(chunk_size=None):
+            pass
+    return started, time.monotonic()
 
 
 def measure_pull(router_url: str, model: str, seed: int, api_key: str | None = None, progress: Any = print,
-                 num: int = 4, prompt_tokens: int = 768) -> float | None:
+                 num: int = 4, prompt_tokens: int = 768, rounds: int = 3) -> float | None:
     """What taking in a split's KV costs the decoder's other streams, per prompt token: a stream
-    on the decoder is delayed by ``num`` splits of ``prompt_tokens``-token prompts, less what the
-    same prefills run whole on the prefill worker delay it (the machine's shared cores, not the
-    pull), divided by the tokens pulled. None if the router names no prefill and decode worker."""
-    url = router_url.rstrip("/")
-    pools = requests.get(url + "/admin/workers", timeout=10).json().get("pools", {})
+    on the decoder while ``num`` splits of ``prompt_tokens``-token prompts are made by hand (the
+    router's request bodies, sent to the workers the router names), its delay counted from each
+    decode hop's start to its end — the prefills before, on the other worker, are not counted —
+    divided by the tokens pulled; the median of ``rounds``. None if the router names no prefill
+    and decode worker."""
+    pools = requests.get(router_url.rstrip("/") + "/admin/workers", timeout=10).json().get("pools", {})
     try:
-        prefill_url = pools["prefill"]["workers"][0]["url"]
+        prefiller = WorkerClient(pools["prefill"]["workers"][0]["url"], model, api_key)
         decoder = WorkerClient(pools["decode"]["workers"][0]["url"], model, api_key)
     except (KeyError, IndexError, TypeError):
         return None
-    prefiller = WorkerClient(prefill_url, model, api_key)
 
-    def prompts(base: int) -> list[list[int]]:
-        return [prefiller.prompt(prompt_tokens, base + i) for i in range(num)]
+    def splits(base: int) -> Windows:
+        return [_split_by_hand(prefiller, decoder, prefiller.prompt(prompt_tokens, base + i)) for i in range(num)]
 
-    def prefills() -> None:
-        for prompt in prompts(seed + 100):
-            prefiller.complete(prompt, 1)
-
-    def splits() -> None:
-        for prompt in prompts(seed + 200):
-            _split(url, model, prompt)
-
-    alone = _stream_delay_s(decoder, prefills, seed + 300)
-    with _every_prompt_split(url):
-        split = _stream_delay_s(decoder, splits, seed + 301)
-    per_token = max(0.0, split - alone) / (num * prompt_tokens)
-    progress(f"profile: a stream on the decoder delayed {split:.3f} s by {num} splits of {prompt_tokens} tokens, "
-             f"{alone:.3f} s by the same prefills alone: the pull costs it {per_token * 1e6:.1f} µs a token")
+    costs = []
+    for i in range(rounds):
+        delay = _stream_delay_s(decoder, functools.partial(splits, seed + 1000 * (i + 1)), seed + 300 + i)
+        costs.append(delay / (num * prompt_tokens))
+        progress(f"profile: a stream on the decoder delayed {delay:.3f} s by the pulls of {num} splits of "
+                 f"{prompt_tokens} tokens: {costs[-1] * 1e6:.1f} µs a token pulled")
+    per_token = statistics.median(costs)
+    progress(f"profile: a KV pull costs the decoder's streams {per_token * 1e6:.1f} µs a token (median of {rounds})")
     return per_token
 
 

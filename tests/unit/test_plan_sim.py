@@ -111,9 +111,21 @@ def test_a_streams_delay_is_the_time_a_load_held_its_engine(fake_worker):
     from dpd.sim.profile import WorkerClient, _stream_delay_s
 
     client = WorkerClient(fake_worker)
-    delay = _stream_delay_s(client, lambda: [client.complete(client.prompt(1200, s), 1) for s in (1, 2)], seed=3)
-    assert delay == pytest.approx(0.61, abs=0.15)
-    assert _stream_delay_s(client, lambda: time.sleep(0.3), seed=4) == pytest.approx(0.0, abs=0.1)  # no load: no delay
+
+    def timed(work) -> tuple[float, float]:
+        started = time.monotonic()
+        work()
+        return started, time.monotonic()
+
+    def prefills() -> list[tuple[float, float]]:  # each one a window of interest
+        return [timed(lambda s=s: client.complete(client.prompt(1200, s), 1)) for s in (1, 2)]
+
+    assert _stream_delay_s(client, prefills, seed=3) == pytest.approx(0.61, abs=0.15)
+    quiet = _stream_delay_s(client, lambda: [timed(lambda: time.sleep(0.3))], seed=4)
+    assert quiet == pytest.approx(0.0, abs=0.1)  # no load: no delay
+    # only the windows returned count: the prefills' time outside them delays nothing
+    ends = _stream_delay_s(client, lambda: [(end, end + 0.05) for _, end in prefills()], seed=5)
+    assert ends == pytest.approx(0.0, abs=0.1)
 
 
 @pytest.mark.parametrize("engine, error", [
