@@ -107,7 +107,8 @@ def alert_rules(slo_target: float = DEFAULT_SLO_TARGET, scope: str = "") -> list
                "2m"),
         _alert("DpdNoHealthyDecoder", f"max by ({ENDPOINT}) ({sel('dpd_worker_healthy', scope, decode)}) == 0",
                "critical", f"{where}: no healthy decoder",
-               "Every decode worker has failed the router's health checks for 1 minute: requests get 503.", "1m"),
+               "Every decode worker has failed the router's health checks for 1 minute: requests run whole on the "
+               "prefill pool, unsplit (503 if it is down too).", "1m"),
         _alert("DpdAdmissionShedding", f"sum by ({ENDPOINT}, pool, reason) (rate({sel('dpd_shed_requests_total', scope)}[5m])) > 0",
                "warning", f"{where}: admission is shedding {{{{ $labels.pool }}}} requests",
                "Admission control has refused {{ $labels.pool }} requests with 429 ({{ $labels.reason }}) for 5 minutes: "

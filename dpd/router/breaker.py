@@ -129,6 +129,7 @@ class CircuitBreaker:
         if state is BreakerState.OPEN:
             self.opened_at = self._clock() - self.open_s  # no cooldown owed for a worker never seen up
         self.is_trial_in_flight = False
+        self.num_consecutive_late_probes = 0  # those counted while it was loading are history
         if state is not self.state:
             self._move(state)
 
@@ -144,5 +145,6 @@ class CircuitBreaker:
         self.state = state
         if state is BreakerState.CLOSED:
             self.num_consecutive_failures = 0
+            self.num_consecutive_late_probes = 0
         if self._on_transition:
             self._on_transition(self.name, state)

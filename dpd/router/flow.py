@@ -295,7 +295,7 @@ class PdFlow:
         # No decoder: every worker can serve a whole request, so a prefill worker is the last
         # resort before a 503 (which comes before a prefill is spent).
         has_no_decoder = ctx.decision.decode is None and not self._decode.available(ctx.tenant)
-        if has_no_decoder and not self._prefill.available(ctx.tenant):
+        if has_no_decoder and not any(pool.available(ctx.tenant) for pool in self._whole_pools(ctx.tenant)):
             raise pool_unavailable("decode")
         if ctx.path is Path.DISAGGREGATED:
             if has_no_decoder:
@@ -512,8 +512,9 @@ class PdFlow:
 
     async def _direct(self, ctx: RequestContext, path_label: str, first: Worker | None = None) -> UpstreamStream:
         """The whole request on one worker: ``first`` (planned, of either pool) if still usable,
-        else — and for every retry — a decoder. A fallback tries the split's prefiller first
-        (``ctx.prefilled_on``), outside the attempts."""
+        else — and for every retry — a decoder, or with none up a prefill worker
+        (``_pick_for_whole``). A fallback tries the split's prefiller first (``ctx.prefilled_on``),
+        outside the attempts."""
         if ctx.prefilled_on is not None:
             stream = await self._on_prefiller(ctx, ctx.prefilled_on, path_label)
             if stream is not None:
@@ -548,12 +549,19 @@ class PdFlow:
                 log.warning("request %s: %s; retrying (attempt %d of %d)", ctx.request_id, error.message, attempt + 2, retry.maxAttempts)
         raise AssertionError("unreachable")
 
+    def _whole_pools(self, tenant: str | None) -> tuple[Pool, ...]:
+        """The pools a whole request of ``tenant`` may run in, decoders first: a tenant with
+        decoders of its own and no prefill workers of its own never falls back to shared ones."""
+        if tenant in self._decode.dedicated_tenants and tenant not in self._prefill.dedicated_tenants:
+            return (self._decode,)
+        return (self._decode, self._prefill)
+
     def _pick_for_whole(self, tenant: str | None, exclude: frozenset[str], *, may_reuse: bool) -> Worker | None:
         """A worker for a whole request: a decoder, else — the endpoint's last resort before a
         503 — a prefill worker (every worker can serve a whole request; it is no disaggregated
         attempt, so the prefill pool's breaker is not consulted). A worker in ``exclude`` only if
         ``may_reuse`` and it is its pool's only one (a retry, as the picker allows)."""
-        for pool in (self._decode, self._prefill):
+        for pool in self._whole_pools(tenant):
             candidates = pool.available(tenant)
             if not may_reuse:
                 candidates = [w for w in candidates if w.name not in exclude]
@@ -585,8 +593,8 @@ class PdFlow:
     ) -> UpstreamStream:
         """Open a broken stream's continuation (``body``, built by migrate.py) on a worker not in
         ``exclude``: a decoder, else — the endpoint's last resort — any worker of the prefill pool
-        (every worker can run a whole request). Tries each candidate once; the admission slot stays
-        the original stream's."""
+        (every worker can run a whole request; ``_whole_pools``). Tries each candidate once; the
+        admission slot stays the original stream's."""
         tried = set(exclude)
         while True:
             worker = self._pick_for_whole(ctx.tenant, frozenset(tried), may_reuse=False)

@@ -59,7 +59,7 @@ OUTCOMES: dict[HopOutcome, OutcomeRule] = {
     # long prompts direct instead of taking the decoder out.
     HopOutcome.DECODE_STALL: OutcomeRule(Verdict.FAILURE, falls_back=True, prefilled=True),
     HopOutcome.DECODE_ERROR: OutcomeRule(Verdict.NEUTRAL, falls_back=True, prefilled=True),
-    HopOutcome.DECODE_UNAVAILABLE: OutcomeRule(Verdict.NEUTRAL, falls_back=True),
+    HopOutcome.DECODE_UNAVAILABLE: OutcomeRule(Verdict.NEUTRAL, falls_back=True, prefilled=True),
 }
 
 

@@ -208,14 +208,19 @@ class HealthProber:
     async def _probe(self, worker: Worker) -> None:
         was_state = worker.breaker.state
         try:
-            timeout = aiohttp.ClientTimeout(total=max(1.0, self._interval_s))
+            # A connection is accepted by the kernel even while the worker's process is starved of
+            # CPU: not connecting in time means unreachable (a vanished pod's address), not late.
+            total_s = max(1.0, self._interval_s)
+            timeout = aiohttp.ClientTimeout(total=total_s, sock_connect=total_s / 2)
             async with self._session.get(f"{worker.url}/health", timeout=timeout) as resp:
                 if resp.status == 200:
                     worker.record_probe(True)
                 else:
                     worker.record_probe(False, f"/health returned {resp.status}")
-        except TimeoutError:  # no answer in time: late, not refused (breaker.py)
-            worker.record_probe(False, f"/health timed out after {timeout.total:.0f}s", is_late=True)
+        except aiohttp.ConnectionTimeoutError:
+            worker.record_probe(False, "/health unreachable: no connection in time")
+        except TimeoutError:  # connected, no answer in time: late, not refused (breaker.py)
+            worker.record_probe(False, f"/health timed out after {total_s:.0f}s", is_late=True)
         except (aiohttp.ClientError, OSError) as exc:
             worker.record_probe(False, f"/health unreachable: {exc.__class__.__name__}")
         if self._on_change and was_state is not worker.breaker.state:

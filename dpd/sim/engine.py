@@ -457,7 +457,9 @@ class SimEndpoint:
             p.num_in_flight -= 1
             sent = self.sim.now
             # kv_transfer_s is measured to the decoder's first token, the pull's cost to it included:
-            # that cost is spent in the decoder's step that admits the request (Engine._maybe_step).
+            # that cost is spent in the decoder's step that admits the request (Engine._maybe_step),
+            # so the request is handed over that much earlier (its first token about as measured;
+            # exactly where both land in the same step, and later if the cost exceeds kv_transfer_s).
             wait_s = max(0.0, self.profile.kv_transfer_s - o.prompt_tokens * self.profile.kv_pull_s_per_token)
             self.sim.at(sent + wait_s, lambda: self._decode_on(
                 o, d, 0, lambda t2: self.endpoint.split_overhead.add(t2 - sent), pulled_tokens=o.prompt_tokens))

@@ -14,7 +14,8 @@ Measuring, on one worker that serves nothing else:
 * **the KV pull** — the split's own cost as a P/D router measures it (``/admin/workers``,
   ``split_overhead_s``), when a router is given; else the default, and the profile says so;
   and what a pull costs the decoder's other streams (``measure_pull``: a stream on the decoder
-  delayed by splits, less the same prefills' delay run alone, per prompt token pulled).
+  while splits are made by hand, its delay counted from each decode hop's start to its end, per
+  prompt token pulled; the hop's own tokens in the batch are part of it).
 
 Quick mode takes about a minute on this project's CPU workers; ``full`` adds longer prompts and
 larger batches.
@@ -289,8 +290,12 @@ def _stream_delay_s(decoder: WorkerClient, load: Callable[[], Windows], seed: in
             span.append(time.monotonic())
         streaming.result(timeout=600)
     t0, t1 = span
+    if sum(1 for t in times if t > t1) < quiet_tokens:
+        raise RuntimeError("the decoder's stream ended before the load did: no pace after it to compare")
     pace = statistics.median(b - a for a, b in zip(times, times[1:]) if b <= t0 or a > t1)
-    return sum(max(0.0, (end - start) - sum(1 for t in times if start < t <= end) * pace) for start, end in windows)
+    # Summed before clamping: a window's own count is ± a token, and clamping each at 0 would
+    # turn that noise into delay.
+    return max(0.0, sum((end - start) - sum(1 for t in times if start < t <= end) * pace for start, end in windows))
 
 
 def _split_by_hand(prefiller: WorkerClient, decoder: WorkerClient, prompt: list[int]) -> tuple[float, float]:

@@ -132,6 +132,15 @@ def test_late_probes_open_only_failure_threshold_times_running():
     assert b.state is BreakerState.HALF_OPEN
 
 
+def test_late_probes_while_a_worker_loads_are_forgotten_once_it_is_up():
+    b, _ = breaker(Clock(), state=BreakerState.OPEN)  # as a worker starts: open until first seen up
+    for _ in range(5):
+        b.record_probe(False, "/health timed out", is_late=True)  # vLLM loading, its port open
+    b.force(BreakerState.CLOSED)  # its first good probe
+    b.record_probe(False, "/health timed out", is_late=True)
+    assert b.state is BreakerState.CLOSED and b.num_consecutive_late_probes == 1
+
+
 def test_a_late_probe_does_not_reset_a_refusals_opening():
     clock = Clock()
     b, _ = breaker(clock)

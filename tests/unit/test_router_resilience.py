@@ -109,6 +109,41 @@ async def test_dedicated_worker_down_is_a_503_not_a_leak_to_shared(make_router):
     assert resp.status_code in (502, 503) and shared.bodies == []
 
 
+async def test_the_prefill_pool_is_no_last_resort_for_a_tenant_with_decoders_of_its_own(make_router):
+    """A tenant with decoders of its own and none of its prefill workers: with its decoders down
+    it gets a 503, never a shared prefill worker; the other tenants' last resort is unchanged."""
+    prefill, shared, dedicated = ScriptedWorker(), ScriptedWorker(), ScriptedWorker()
+    client = await make_router(prefill, [shared, dedicated], threshold=10,
+                               tenants=(tenant("a"), tenant("b", "decode-1")))
+    await dedicated.server.close()
+    await shared.server.close()
+    await client.router._prober.probe_once()
+    refused = await client.post("/v1/completions", json=BODY, headers=auth("b"))
+    assert refused.status_code == 503 and prefill.bodies == []
+    served = await client.post("/v1/completions", json=BODY, headers=auth("a"))
+    assert served.status_code == 200 and served.headers["x-dpd-workers"] == "prefill-0"
+
+
+async def test_decoders_gone_during_the_prefill_hop_the_prefiller_serves_it_whole(make_router):
+    """The prefill hop succeeded, then no decoder is left: the request is served whole on a
+    prefill worker (fallback decode_unavailable), its prefilled KV counted as abandoned, and the
+    prefill pool's breaker learns nothing."""
+    prefill, decode = ScriptedWorker(prefill_delay_s=0.3), ScriptedWorker()
+    client = await make_router(prefill, decode, threshold=10)
+    router = client.router
+    request = asyncio.create_task(client.post("/v1/completions", json=LONG))
+    await asyncio.sleep(0.15)  # in the prefill hop
+    router.decode.workers[0].is_draining = True
+    resp = await request
+    assert resp.status_code == 200, resp.text
+    assert (resp.headers["x-dpd-path"], resp.headers["x-dpd-fallback"]) == ("fallback", "decode_unavailable")
+    assert resp.headers["x-dpd-workers"] == "prefill-0" and decode.bodies == []
+    text = (await client.get("/metrics")).text
+    assert metric(text, 'dpd_kv_abandoned_total{prefiller="prefill-0",reason="decode_unavailable"}') == 1
+    assert router.prefill.breaker.state.value == "closed" and router.prefill.breaker.num_consecutive_failures == 0
+    router.decode.workers[0].is_draining = False
+
+
 async def test_tenant_rate_limits(make_router):
     client = await make_router(None, ScriptedWorker(), tenants=(tenant("a", requestsPerSecond=0.5, burstRequests=2),
                                                                 tenant("b", promptTokensPerSecond=1, burstPromptTokens=10)))
