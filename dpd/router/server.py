@@ -8,14 +8,44 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dpd.router.app import Router, build_app
+from dpd.router.errors import ApiError
+
+
+class ConnectionLimit:
+    """``router.maxConnections``: past that many open connections, or requests in progress, a
+    new request gets a 503 at once — with an OpenAI error body and ``Retry-After``, where
+    uvicorn's own limit answers plain text. The open connections are the server's own count
+    (``connections``, set once the server exists), the one asking included."""
+
+    def __init__(self, app: ASGIApp, limit: int):
+        self.app = app
+        self.limit = limit
+        self.num_requests = 0
+        self.connections: Callable[[], int] = lambda: 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.connections() > self.limit or self.num_requests >= self.limit:
+            error = ApiError(503, f"The router is serving its limit of {self.limit} connections; retry shortly.",
+                             type="server_error", code="too_many_connections", retry_after_s=1)
+            await error.response({"Connection": "close"})(scope, receive, send)
+            return
+        self.num_requests += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.num_requests -= 1
 
 
 class _QuietServer(uvicorn.Server):
@@ -63,8 +93,9 @@ def make_server(router: Router, host: str, port: int, *, is_embedded: bool, grac
     """``graceful_s``: on shutdown, how long open requests (streams) may finish before they are
     cancelled (the Kubernetes router drains for ``drainTimeoutS``). ``tls``: (certificate file,
     key file) to serve HTTPS instead of HTTP."""
+    limited = ConnectionLimit(build_app(router), router.settings.spec.maxConnections)
     config = uvicorn.Config(
-        build_app(router),
+        limited,
         host=host,
         port=port,
         log_level="warning",
@@ -74,11 +105,11 @@ def make_server(router: Router, host: str, port: int, *, is_embedded: bool, grac
         # The client address is the peer's own: X-Forwarded-For is never trusted (the admin API's
         # loopback check reads it).
         proxy_headers=False,
-        limit_concurrency=router.settings.spec.maxConnections,
         ssl_certfile=tls[0] if tls else None,
         ssl_keyfile=tls[1] if tls else None,
     )
     server = _EmbeddedServer(config) if is_embedded else RouterServer(config)
+    limited.connections = lambda: len(server.server_state.connections)
     metrics_port = router.settings.spec.metricsPort
     if metrics_port is not None:
         server.metrics = metrics_server(router, host, metrics_port)

@@ -183,7 +183,14 @@ async def test_connections_past_the_limit_get_a_503(served, unused_tcp_port):
         resp = await client.get(url + "/v1/models")
     for _, writer in holders:
         writer.close()
-    assert resp.status_code == 503
+    assert resp.status_code == 503 and resp.headers["retry-after"] == "1"
+    assert resp.json()["error"]["code"] == "too_many_connections"  # an OpenAI error body, not uvicorn's text
+    async with httpx.AsyncClient() as client:  # the holders gone, the next one is served
+        for _ in range(50):
+            if (resp := await client.get(url + "/v1/models")).status_code == 200:
+                break
+            await asyncio.sleep(0.1)
+    assert resp.status_code == 200
 
 
 def _loopback_alias_available() -> bool:
