@@ -184,9 +184,8 @@ def _compare(ladder: _Ladder, profile: EngineProfile, *, with_intervals: bool = 
                 policy, num_prefill=1, num_decode=1, threshold_tokens=floor, profile=profile, slo=planned,
                 floor_tokens=spec.adaptive_floor_tokens, max_stall_s=spec.adaptive_max_stall_s,
                 stall_weight=1.0 if spec.adaptive_stall_weight is None else spec.adaptive_stall_weight)
-        elif kind == "pd":
-            sim.switch(policy, floor)
-        start = sim.sim.now + RUN_GAP_S  # each run after the one before, as the ladder ran them
+        _warm_up(sim, kind, policy, floor, spec.max_prompt_tokens)
+        start = sim.sim.now + RUN_GAP_S  # each run after the one before and its warm-ups, as the ladder ran them
         outcomes = sim.replay([(start + t, n, m) for t, n, m in run.requests])
         records = run.records
         measured_ttft = [r.ttft_s if r.is_ok else float("inf") for r in records]
@@ -209,7 +208,25 @@ def _compare(ladder: _Ladder, profile: EngineProfile, *, with_intervals: bool = 
     return out
 
 
-RUN_GAP_S = 30.0  # between two runs on one endpoint: the ladder's warm-up and settling (no requests simulated)
+RUN_GAP_S = 1.0  # between a run's warm-ups and the run, and between the warm-ups' steps
+
+
+def _warm_up(sim: SimEndpoint, kind: str, policy: str, floor: int, max_prompt_tokens: int) -> None:
+    """The ladder's warm-ups before a run, each waited for as the ladder waits for it: on the
+    P/D endpoint a longest prompt whole on the decoder and one split under the static policy
+    (``ladder.warm_every_worker``), then the run's policy set; on either endpoint two longest
+    prompts and two short ones (``ladder.warm_up``; the settling's retries, which only follow
+    an open breaker, are not simulated). What they teach the router is where the run starts."""
+    def serve(requests: list[tuple[float, int, int]]) -> None:
+        start = sim.sim.now + RUN_GAP_S
+        sim.replay([(start + t, n, m) for t, n, m in requests])
+
+    if kind == "pd":
+        for threshold in (max_prompt_tokens + 1, 0):
+            sim.switch("threshold", threshold)
+            serve([(0.0, max_prompt_tokens, 4)])
+        sim.switch(policy, floor)
+    serve([(0.0, max_prompt_tokens, 4), (0.0, max_prompt_tokens, 4), (0.2, 64, 4), (0.2, 64, 4)])
 
 
 SPEEDS = tuple(round(1.0 - 0.05 * i, 2) for i in range(11))  # 1.0 … 0.5: the factors --fit-speed tries
@@ -295,7 +312,7 @@ def _learned_table(rows: list[Comparison]) -> list[str]:
     if not learned:
         return []
     return ["", "What the router had learned by each run's end, simulated / real (each carried over from the runs "
-            "before on its endpoint; the real one also from the ladder's warm-ups):", "",
+            "before on its endpoint and the warm-ups before each):", "",
             "| workload | scenario | rate (req/s) | " + " | ".join(LEARNED) + " |", "|---" * (3 + len(LEARNED)) + "|",
             *(f"| {r.workload} | {r.scenario} | {r.rate_rps:g} | "
               + " | ".join(f"{_figure(sim)} / {_figure(real)}" for sim, real in r.learned) + " |" for r in learned), ""]

@@ -355,7 +355,7 @@ def test_the_check_replays_an_endpoints_runs_on_one_simulated_endpoint_in_order(
                       num_requests=6, max_prompt_tokens=512)
     records = [RequestRecord(ttft_s=1.0, e2e_s=3.0, num_output_tokens=11, itls_s=[0.2] * 10, index=i) for i in range(6)]
     path = _ladder_results(tmp_path, spec, records, ("dpd", "colocated", "dpd-adaptive", "dpd", "colocated"), 0.5)
-    made, served = [], []
+    made, served, shapes = [], [], []
     real_init, real_replay, real_switch = SimEndpoint.__init__, SimEndpoint.replay, SimEndpoint.switch
 
     def init(self, policy, **kwargs):
@@ -364,6 +364,7 @@ def test_the_check_replays_an_endpoints_runs_on_one_simulated_endpoint_in_order(
 
     def replay(self, requests, progress=None):
         served.append((id(self), self.policy, requests[0][0], self.sim.now))
+        shapes.append([(n, m) for _, n, m in requests])
         return real_replay(self, requests, progress)
 
     monkeypatch.setattr(SimEndpoint, "__init__", init)
@@ -372,9 +373,15 @@ def test_the_check_replays_an_endpoints_runs_on_one_simulated_endpoint_in_order(
     assert [r.scenario for r in rows] == ["dpd", "colocated", "dpd-adaptive", "dpd", "colocated"]
     assert made == ["threshold", "colocated"]  # one per endpoint
     pd = [entry for entry in served if entry[0] == served[0][0]]
-    assert [policy for _, policy, _, _ in pd] == ["threshold", "adaptive", "threshold"]
+    # before each run its warm-ups (ladder.warm_every_worker, then ladder.warm_up under the run's policy)
+    warm = ["threshold", "threshold"]
+    assert [policy for _, policy, _, _ in pd] == [*warm, "threshold", "threshold", *warm, "adaptive", "adaptive",
+                                                   *warm, "threshold", "threshold"]
+    colocated = [entry for entry in served if entry[0] != served[0][0]]
+    assert [len(c) for c in colocated] and len(colocated) == 4  # a warm-up and the run, twice
     assert all(first_arrival >= now + sim_check.RUN_GAP_S for _, _, first_arrival, now in pd)
-    assert pd[1][3] > 0  # the second run began where the first left the clock
+    assert pd[4][3] > 0  # the second run's warm-ups began where the first run left the clock
+    assert shapes[:3] == [[(512, 4)], [(512, 4)], [(512, 4), (512, 4), (64, 4), (64, 4)]]  # the ladder's warm-ups
     with pytest.raises(ValueError):
         real_switch(SimEndpoint("colocated", profile=EngineProfile()), "adaptive", 0)
 
@@ -473,9 +480,11 @@ def test_the_check_replays_each_run_on_its_own_request_set(tmp_path, monkeypatch
     sets = [[(r.arrival_s, r.num_prompt_tokens, r.num_output_tokens)
              for r in at_rate(request_set(spec, "synthetic", window=k)[0], 0.5)] for k in (0, 1)]
     assert sets[0] != sets[1]
-    [got] = replayed  # the run begins RUN_GAP_S into the simulated endpoint's clock
+    [warm_up, got] = replayed  # the run begins RUN_GAP_S after its warm-up
     assert [(n, m) for _, n, m in got] == [(n, m) for _, n, m in sets[1]]
-    assert [t - sim_check.RUN_GAP_S for t, _, _ in got] == pytest.approx([t for t, _, _ in sets[1]])
+    start = got[0][0] - sets[1][0][0]
+    assert start >= warm_up[-1][0] + sim_check.RUN_GAP_S
+    assert [t - start for t, _, _ in got] == pytest.approx([t for t, _, _ in sets[1]])
 
 
 def test_a_profile_under_load_is_slower_by_the_factor():
