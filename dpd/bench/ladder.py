@@ -300,6 +300,11 @@ def _set_policy(serve: ServeProcess, policy: str, threshold_tokens: int) -> None
         requests.put(serve.url + path, json=body, timeout=10).raise_for_status()
 
 
+# The warm-ups before every run, in order, as results.json records them (``dpd plan --check``
+# replays them): ``warm_every_worker`` on the P/D endpoint, then ``settle`` on either.
+WARM_UPS = ("every_worker", "settle")
+
+
 def warm_every_worker(serve: ServeProcess, spec: LadderSpec, seed: int) -> None:
     """A maximum-length prompt prefilled on each worker of the P/D endpoint, whatever the
     scenario's policy would do with it: one run whole on the decode pool (threshold past the
@@ -361,7 +366,7 @@ def run(spec: LadderSpec, out_dir: Path) -> dict:
     num_windows = max(1, min(spec.windows, spec.rounds))
     sets = {(w, k): request_set(spec, w, base, window=k) for w in spec.workloads for k in range(num_windows)}
     started = time.time()
-    results: dict = {"spec": {**asdict(spec), "slo": asdict(spec.slo)},
+    results: dict = {"spec": {**asdict(spec), "slo": asdict(spec.slo)}, "warm_ups": list(WARM_UPS),
                      "workloads": {w: _describe_windows([sets[(w, k)][1] for k in range(num_windows)]) for w in spec.workloads},
                      "runs": []}
 

@@ -81,6 +81,11 @@ class RouterMetrics:
             "dpd_client_disconnects", "Requests aborted because the client went away.", ["path"], registry=r
         )
 
+        self.connection_refusals = Counter(
+            "dpd_connection_limit_refusals", "Requests refused with 503 past router.maxConnections (open connections "
+            "or requests in progress).", registry=r
+        )
+
         # Admission, per pool.
         self.shed = Counter(
             "dpd_shed_requests", "Requests refused with 429 by admission control.", ["pool", "reason"], registry=r

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -19,26 +21,39 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from dpd.router.app import Router, build_app
 from dpd.router.errors import ApiError
 
+log = logging.getLogger(__name__)
+
 
 class ConnectionLimit:
     """``router.maxConnections``: past that many open connections, or requests in progress, a
     new request gets a 503 at once — with an OpenAI error body and ``Retry-After``, where
     uvicorn's own limit answers plain text. The open connections are the server's own count
-    (``connections``, set once the server exists), the one asking included."""
+    (``connections``, set once the server exists), the one asking included. Refusals are counted
+    (``dpd_connection_limit_refusals_total``) and logged at most every 10 s."""
 
-    def __init__(self, app: ASGIApp, limit: int):
+    LOG_EVERY_S = 10.0
+
+    def __init__(self, app: ASGIApp, limit: int, on_refusal: Callable[[], None] = lambda: None):
         self.app = app
         self.limit = limit
         self.num_requests = 0
         self.connections: Callable[[], int] = lambda: 0
+        self._on_refusal = on_refusal
+        self._logged_at = -math.inf
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if self.connections() > self.limit or self.num_requests >= self.limit:
+        num_connections = self.connections()
+        if num_connections > self.limit or self.num_requests >= self.limit:
+            self._on_refusal()
+            if time.monotonic() - self._logged_at >= self.LOG_EVERY_S:
+                self._logged_at = time.monotonic()
+                log.warning("maxConnections (%d) reached: %d connections open, %d requests in progress; new "
+                            "requests get a 503", self.limit, num_connections, self.num_requests)
             error = ApiError(503, f"The router is serving its limit of {self.limit} connections; retry shortly.",
-                             type="server_error", code="too_many_connections", retry_after_s=1)
+                             type="service_unavailable_error", code="too_many_connections", retry_after_s=1)
             await error.response({"Connection": "close"})(scope, receive, send)
             return
         self.num_requests += 1
@@ -93,7 +108,8 @@ def make_server(router: Router, host: str, port: int, *, is_embedded: bool, grac
     """``graceful_s``: on shutdown, how long open requests (streams) may finish before they are
     cancelled (the Kubernetes router drains for ``drainTimeoutS``). ``tls``: (certificate file,
     key file) to serve HTTPS instead of HTTP."""
-    limited = ConnectionLimit(build_app(router), router.settings.spec.maxConnections)
+    limited = ConnectionLimit(build_app(router), router.settings.spec.maxConnections,
+                              on_refusal=router.metrics.connection_refusals.inc)
     config = uvicorn.Config(
         limited,
         host=host,

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpd.bench.ladder import LadderSpec, at_rate, request_set
+from dpd.bench.ladder import WARM_UPS, LadderSpec, at_rate, request_set
 from dpd.bench.stats import RequestRecord, bootstrap_ci, percentile, weighted_percentile
 from dpd.bench.stats import Slo as BenchSlo
 from dpd.router.adaptive import Slo
@@ -91,6 +91,10 @@ class _Run:
 class _Ladder:
     spec: LadderSpec
     runs: list[_Run]
+    # The warm-ups the ladder ran before each run (ladder.WARM_UPS); a results.json from before
+    # they were recorded gets today's: ladders since 2026-12-06 ran both (earlier ones only
+    # "settle", which the check cannot tell).
+    warm_ups: tuple[str, ...] = WARM_UPS
 
 
 def _load(results_path: str | Path) -> _Ladder:
@@ -108,7 +112,8 @@ def _load(results_path: str | Path) -> _Ladder:
                                     for r in at_rate(sets[(run["workload"], run.get("window", 0))], run["rate_rps"])],
                                    [RequestRecord(**r) for r in run["records"]],
                                    (run.get("router_state") or {}).get("end"))
-                              for run in runs if run["scenario"] in POLICY])
+                              for run in runs if run["scenario"] in POLICY],
+                       tuple(results.get("warm_ups", WARM_UPS)))
     except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as exc:
         raise ValueError(f"{results_path} is not a `dpd bench ladder` results.json (no {exc})" if isinstance(exc, KeyError)
                          else f"{results_path} is not a `dpd bench ladder` results.json ({exc})") from None
@@ -184,7 +189,7 @@ def _compare(ladder: _Ladder, profile: EngineProfile, *, with_intervals: bool = 
                 policy, num_prefill=1, num_decode=1, threshold_tokens=floor, profile=profile, slo=planned,
                 floor_tokens=spec.adaptive_floor_tokens, max_stall_s=spec.adaptive_max_stall_s,
                 stall_weight=1.0 if spec.adaptive_stall_weight is None else spec.adaptive_stall_weight)
-        _warm_up(sim, kind, policy, floor, spec.max_prompt_tokens)
+        _warm_up(sim, kind, policy, floor, spec.max_prompt_tokens, ladder.warm_ups)
         start = sim.sim.now + RUN_GAP_S  # each run after the one before and its warm-ups, as the ladder ran them
         outcomes = sim.replay([(start + t, n, m) for t, n, m in run.requests])
         records = run.records
@@ -211,22 +216,26 @@ def _compare(ladder: _Ladder, profile: EngineProfile, *, with_intervals: bool = 
 RUN_GAP_S = 1.0  # between a run's warm-ups and the run, and between the warm-ups' steps
 
 
-def _warm_up(sim: SimEndpoint, kind: str, policy: str, floor: int, max_prompt_tokens: int) -> None:
-    """The ladder's warm-ups before a run, each waited for as the ladder waits for it: on the
-    P/D endpoint a longest prompt whole on the decoder and one split under the static policy
-    (``ladder.warm_every_worker``), then the run's policy set; on either endpoint two longest
-    prompts and two short ones (``ladder.warm_up``; the settling's retries, which only follow
-    an open breaker, are not simulated). What they teach the router is where the run starts."""
+def _warm_up(sim: SimEndpoint, kind: str, policy: str, floor: int, max_prompt_tokens: int,
+             warm_ups: tuple[str, ...] = WARM_UPS) -> None:
+    """The ladder's warm-ups before a run (``warm_ups``), each waited for as the ladder waits
+    for it: on the P/D endpoint a longest prompt whole on the decoder and one split under the
+    static policy (``every_worker``: ``ladder.warm_every_worker``), then the run's policy set; on
+    either endpoint two longest prompts and two short ones (``settle``: ``ladder.warm_up``; the
+    settling's retries, which only follow an open breaker, are not simulated). What they teach
+    the router is where the run starts."""
     def serve(requests: list[tuple[float, int, int]]) -> None:
         start = sim.sim.now + RUN_GAP_S
         sim.replay([(start + t, n, m) for t, n, m in requests])
 
     if kind == "pd":
-        for threshold in (max_prompt_tokens + 1, 0):
-            sim.switch("threshold", threshold)
-            serve([(0.0, max_prompt_tokens, 4)])
+        if "every_worker" in warm_ups:
+            for threshold in (max_prompt_tokens + 1, 0):
+                sim.switch("threshold", threshold)
+                serve([(0.0, max_prompt_tokens, 4)])
         sim.switch(policy, floor)
-    serve([(0.0, max_prompt_tokens, 4), (0.0, max_prompt_tokens, 4), (0.2, 64, 4), (0.2, 64, 4)])
+    if "settle" in warm_ups:
+        serve([(0.0, max_prompt_tokens, 4), (0.0, max_prompt_tokens, 4), (0.2, 64, 4), (0.2, 64, 4)])
 
 
 SPEEDS = tuple(round(1.0 - 0.05 * i, 2) for i in range(11))  # 1.0 … 0.5: the factors --fit-speed tries

@@ -177,20 +177,23 @@ async def test_slow_clients_get_a_408_and_do_not_block_others(served, unused_tcp
 async def test_connections_past_the_limit_get_a_503(served, unused_tcp_port):
     url, _ = await served(maxConnections=2, bodyReadTimeoutS=2.0)
     head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"
-    holders = [await _raw(unused_tcp_port, head) for _ in range(2)]
-    await asyncio.sleep(0.1)
-    async with httpx.AsyncClient() as client:
-        resp = await client.get(url + "/v1/models")
-    for _, writer in holders:
-        writer.close()
-    assert resp.status_code == 503 and resp.headers["retry-after"] == "1"
-    assert resp.json()["error"]["code"] == "too_many_connections"  # an OpenAI error body, not uvicorn's text
-    async with httpx.AsyncClient() as client:  # the holders gone, the next one is served
-        for _ in range(50):
-            if (resp := await client.get(url + "/v1/models")).status_code == 200:
-                break
-            await asyncio.sleep(0.1)
-    assert resp.status_code == 200
+    for held in (head, b""):  # two requests in progress; then two connections that send nothing
+        holders = [await _raw(unused_tcp_port, held) for _ in range(2)]
+        await asyncio.sleep(0.1)
+        async with httpx.AsyncClient() as client:
+            resp = await client.get(url + "/v1/models")
+        for _, writer in holders:
+            writer.close()
+        assert resp.status_code == 503 and resp.headers["retry-after"] == "1", held
+        assert resp.json()["error"]["code"] == "too_many_connections"  # an OpenAI error body, not uvicorn's text
+        async with httpx.AsyncClient() as client:  # the holders gone, the next one is served
+            for _ in range(50):
+                if (resp := await client.get(url + "/v1/models")).status_code == 200:
+                    break
+                await asyncio.sleep(0.1)
+            assert resp.status_code == 200
+            metrics = (await client.get(url + "/metrics")).text
+    assert "dpd_connection_limit_refusals_total 2.0" in metrics
 
 
 def _loopback_alias_available() -> bool:

@@ -367,8 +367,15 @@ def test_the_check_replays_an_endpoints_runs_on_one_simulated_endpoint_in_order(
         shapes.append([(n, m) for _, n, m in requests])
         return real_replay(self, requests, progress)
 
+    switched = []
+
+    def switch(self, policy, threshold_tokens):
+        switched.append((policy, threshold_tokens))
+        real_switch(self, policy, threshold_tokens)
+
     monkeypatch.setattr(SimEndpoint, "__init__", init)
     monkeypatch.setattr(SimEndpoint, "replay", replay)
+    monkeypatch.setattr(SimEndpoint, "switch", switch)
     rows = sim_check.check(path, EngineProfile())
     assert [r.scenario for r in rows] == ["dpd", "colocated", "dpd-adaptive", "dpd", "colocated"]
     assert made == ["threshold", "colocated"]  # one per endpoint
@@ -377,11 +384,23 @@ def test_the_check_replays_an_endpoints_runs_on_one_simulated_endpoint_in_order(
     warm = ["threshold", "threshold"]
     assert [policy for _, policy, _, _ in pd] == [*warm, "threshold", "threshold", *warm, "adaptive", "adaptive",
                                                    *warm, "threshold", "threshold"]
+    # the static split's warm-ups at thresholds past the longest prompt and 0, then the run's own
+    run = {"threshold": spec.threshold_tokens, "adaptive": spec.adaptive_floor_tokens}
+    assert switched == [(p, t) for policy in ("threshold", "adaptive", "threshold")
+                        for p, t in (("threshold", 513), ("threshold", 0), (policy, run[policy]))]
     colocated = [entry for entry in served if entry[0] != served[0][0]]
-    assert [len(c) for c in colocated] and len(colocated) == 4  # a warm-up and the run, twice
-    assert all(first_arrival >= now + sim_check.RUN_GAP_S for _, _, first_arrival, now in pd)
-    assert pd[4][3] > 0  # the second run's warm-ups began where the first run left the clock
+    assert [policy for _, policy, _, _ in colocated] == ["colocated"] * 4  # a warm-up and the run, twice
+    for replays in (pd, colocated):
+        assert all(first_arrival >= now + sim_check.RUN_GAP_S for _, _, first_arrival, now in replays)
+        assert all(b[3] >= a[2] for a, b in zip(replays, replays[1:]))  # each after the one before, on one clock
     assert shapes[:3] == [[(512, 4)], [(512, 4)], [(512, 4), (512, 4), (64, 4), (64, 4)]]  # the ladder's warm-ups
+    # a ladder that recorded only the settling's warm-up gets only that
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({**data, "warm_ups": ["settle"]}))
+    served.clear()
+    switched.clear()
+    sim_check.check(path, EngineProfile())
+    assert len(served) == 10 and all(policy != "threshold" or t != 0 for policy, t in switched)
     with pytest.raises(ValueError):
         real_switch(SimEndpoint("colocated", profile=EngineProfile()), "adaptive", 0)
 
