@@ -305,22 +305,33 @@ def _set_policy(serve: ServeProcess, policy: str, threshold_tokens: int) -> None
 WARM_UPS = ("every_worker", "settle")
 
 
+def every_worker_steps(spec: LadderSpec) -> list[tuple[int, TraceRequest]]:
+    """``warm_every_worker``'s steps: (the static policy's threshold, the request sent under it)."""
+    return [(threshold, TraceRequest(0.0, spec.max_prompt_tokens, 4, "warmup")) for threshold in (spec.max_prompt_tokens + 1, 0)]
+
+
+def warm_up_requests(spec: LadderSpec) -> list[TraceRequest]:
+    """``warm_up``'s requests: a maximum-length prompt on every worker (two at once, so each
+    worker gets one) and two short ones."""
+    return [TraceRequest(0.0, spec.max_prompt_tokens, 4, "warmup"), TraceRequest(0.0, spec.max_prompt_tokens, 4, "warmup"),
+            TraceRequest(0.2, 64, 4, "warmup"), TraceRequest(0.2, 64, 4, "warmup")]
+
+
 def warm_every_worker(serve: ServeProcess, spec: LadderSpec, seed: int) -> None:
     """A maximum-length prompt prefilled on each worker of the P/D endpoint, whatever the
     scenario's policy would do with it: one run whole on the decode pool (threshold past the
     prompt), one split (threshold 0: the prefill pool prefills, the KV moves). The caller sets
     the scenario's policy afterwards (``configure``)."""
-    for threshold in (spec.max_prompt_tokens + 1, 0):
+    for threshold, request in every_worker_steps(spec):
         _set_policy(serve, "threshold", threshold)
-        asyncio.run(replay(serve.url, spec.model, [TraceRequest(0.0, spec.max_prompt_tokens, 4, "warmup")],
+        asyncio.run(replay(serve.url, spec.model, [request],
                            threshold_tokens=spec.threshold_tokens, seed=seed + threshold, progress=False))
 
 
 def warm_up(url: str, spec: LadderSpec, seed: int) -> None:
-    """A maximum-length prompt on every worker (two at once, so each worker gets one) and two short ones."""
-    warm = [TraceRequest(0.0, spec.max_prompt_tokens, 4, "warmup"), TraceRequest(0.0, spec.max_prompt_tokens, 4, "warmup"),
-            TraceRequest(0.2, 64, 4, "warmup"), TraceRequest(0.2, 64, 4, "warmup")]
-    asyncio.run(replay(url, spec.model, warm, threshold_tokens=spec.threshold_tokens, seed=seed, progress=False))
+    """``warm_up_requests``, waited for."""
+    asyncio.run(replay(url, spec.model, warm_up_requests(spec), threshold_tokens=spec.threshold_tokens, seed=seed,
+                       progress=False))
 
 
 def open_breakers(workers_state: dict) -> list[str]:

@@ -25,11 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpd.bench.ladder import WARM_UPS, LadderSpec, at_rate, request_set
+from dpd.bench.ladder import WARM_UPS, LadderSpec, at_rate, every_worker_steps, request_set, warm_up_requests
 from dpd.bench.stats import RequestRecord, bootstrap_ci, percentile, weighted_percentile
 from dpd.bench.stats import Slo as BenchSlo
+from dpd.bench.workloads import TraceRequest
 from dpd.router.adaptive import Slo
-from dpd.sim.engine import EngineProfile, SimEndpoint
+from dpd.sim.engine import EngineProfile, Outcome, SimEndpoint
 
 SHIPPED_TRACE = Path(__file__).resolve().parent.parent / "bench" / "traces" / "azure-llm-2023"
 POLICY = {"colocated": "colocated", "dpd": "threshold", "dpd-adaptive": "adaptive"}
@@ -189,9 +190,8 @@ def _compare(ladder: _Ladder, profile: EngineProfile, *, with_intervals: bool = 
                 policy, num_prefill=1, num_decode=1, threshold_tokens=floor, profile=profile, slo=planned,
                 floor_tokens=spec.adaptive_floor_tokens, max_stall_s=spec.adaptive_max_stall_s,
                 stall_weight=1.0 if spec.adaptive_stall_weight is None else spec.adaptive_stall_weight)
-        _warm_up(sim, kind, policy, floor, spec.max_prompt_tokens, ladder.warm_ups)
-        start = sim.sim.now + RUN_GAP_S  # each run after the one before and its warm-ups, as the ladder ran them
-        outcomes = sim.replay([(start + t, n, m) for t, n, m in run.requests])
+        _warm_up(sim, kind, policy, floor, spec, ladder.warm_ups)
+        outcomes = _replay_next(sim, run.requests)  # after the run before and its warm-ups, as the ladder ran them
         records = run.records
         measured_ttft = [r.ttft_s if r.is_ok else float("inf") for r in records]
         measured_itl = [g for r in records if r.is_ok for g in r.itls_s]
@@ -216,7 +216,13 @@ def _compare(ladder: _Ladder, profile: EngineProfile, *, with_intervals: bool = 
 RUN_GAP_S = 1.0  # between a run's warm-ups and the run, and between the warm-ups' steps
 
 
-def _warm_up(sim: SimEndpoint, kind: str, policy: str, floor: int, max_prompt_tokens: int,
+def _replay_next(sim: SimEndpoint, requests: list[tuple[float, int, int]]) -> list[Outcome]:
+    """``requests`` (times from their start) served RUN_GAP_S after what ``sim`` served last."""
+    start = sim.sim.now + RUN_GAP_S
+    return sim.replay([(start + t, n, m) for t, n, m in requests])
+
+
+def _warm_up(sim: SimEndpoint, kind: str, policy: str, floor: int, spec: LadderSpec,
              warm_ups: tuple[str, ...] = WARM_UPS) -> None:
     """The ladder's warm-ups before a run (``warm_ups``), each waited for as the ladder waits
     for it: on the P/D endpoint a longest prompt whole on the decoder and one split under the
@@ -224,18 +230,17 @@ def _warm_up(sim: SimEndpoint, kind: str, policy: str, floor: int, max_prompt_to
     either endpoint two longest prompts and two short ones (``settle``: ``ladder.warm_up``; the
     settling's retries, which only follow an open breaker, are not simulated). What they teach
     the router is where the run starts."""
-    def serve(requests: list[tuple[float, int, int]]) -> None:
-        start = sim.sim.now + RUN_GAP_S
-        sim.replay([(start + t, n, m) for t, n, m in requests])
+    def shapes(requests: list[TraceRequest]) -> list[tuple[float, int, int]]:
+        return [(r.arrival_s, r.num_prompt_tokens, r.num_output_tokens) for r in requests]
 
     if kind == "pd":
         if "every_worker" in warm_ups:
-            for threshold in (max_prompt_tokens + 1, 0):
+            for threshold, request in every_worker_steps(spec):
                 sim.switch("threshold", threshold)
-                serve([(0.0, max_prompt_tokens, 4)])
+                _replay_next(sim, shapes([request]))
         sim.switch(policy, floor)
     if "settle" in warm_ups:
-        serve([(0.0, max_prompt_tokens, 4), (0.0, max_prompt_tokens, 4), (0.2, 64, 4), (0.2, 64, 4)])
+        _replay_next(sim, shapes(warm_up_requests(spec)))
 
 
 SPEEDS = tuple(round(1.0 - 0.05 * i, 2) for i in range(11))  # 1.0 … 0.5: the factors --fit-speed tries

@@ -141,12 +141,18 @@ class WorkerClient:
         resp.raise_for_status()
         return time.monotonic() - started
 
-    def stream_gaps(self, prompt: list[int], max_tokens: int) -> list[float]:
-        """The gaps between a stream's tokens (one per token: usage counts them)."""
+    def open_stream(self, prompt: list[int], max_tokens: int, **extra: Any) -> requests.Response:
+        """A streamed greedy completion of exactly ``max_tokens`` tokens, its response open."""
         resp = requests.post(self.url + "/v1/completions", headers=self.headers, timeout=600, stream=True, json={
             "model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
+            "stream": True, **extra})
         resp.raise_for_status()
+        return resp
+
+    def stream_gaps(self, prompt: list[int], max_tokens: int) -> list[float]:
+        """The gaps between a stream's tokens (one per token: usage counts them)."""
+        resp = self.open_stream(prompt, max_tokens,
+                                stream_options={"include_usage": True, "continuous_usage_stats": True})
         gaps, last, seen = [], None, 0
         for line in resp.iter_lines(chunk_size=None):  # as each chunk arrives, not 512 bytes at a time
             if not line.startswith(b"data: ") or line == b"data: [DONE]":
@@ -259,11 +265,7 @@ def _stream_delay_s(decoder: WorkerClient, load: Callable[[], Windows], seed: in
     started, stop = threading.Event(), threading.Event()
 
     def stream() -> None:
-        resp = requests.post(decoder.url + "/v1/completions", headers=decoder.headers, timeout=600, stream=True, json={
-            "model": decoder.model, "prompt": decoder.prompt(8, seed), "max_tokens": 4000, "temperature": 0,
-            "ignore_eos": True, "stream": True})
-        resp.raise_for_status()
-        with resp:
+        with decoder.open_stream(decoder.prompt(8, seed), 4000) as resp:
             for line in resp.iter_lines(chunk_size=None):
                 if line.startswith(b"data: {"):
                     times.append(time.monotonic())
