@@ -398,6 +398,21 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
+    from dpd.sim import compiled
+
+    if args.compile:
+        try:
+            compiled.build(say=lambda line: print(f"dpd plan --compile: {line}", file=sys.stderr, flush=True))
+        except (OSError, compiled.CompileError) as exc:
+            print(f"dpd plan --compile: {exc}", file=sys.stderr)
+            return 1
+        return 0
+    if not args.profile:
+        print("dpd plan: --profile is required (a profile from `dpd profile`, or `dpd profile --modelled`)", file=sys.stderr)
+        return 2
+    # before anything imports the router: the compiled modules replace its source in this process
+    args.simulator = compiled.use()
+    print(f"dpd plan: the simulator runs {args.simulator}", file=sys.stderr)
     from dpd.bench.ladder import LadderSpec, at_rate, request_set
     from dpd.bench.stats import Slo as BenchSlo
     from dpd.router.adaptive import Slo
@@ -508,7 +523,8 @@ def _plan_speed(args: argparse.Namespace) -> int:
     span = trace[-1][0] - trace[0][0]
     factor = sum(speed.work_s(r, profile) for r in trace) / (0.7 * 2 * max(span, 1e-9))
     two = [((t - trace[0][0]) * factor, p, o) for t, p, o in trace]
-    print(f"Per policy: the trace's {len(two):,} requests on two workers (profile {args.profile})", file=sys.stderr)
+    print(f"Per policy: the trace's {len(two):,} requests on two workers (profile {args.profile}); the simulator runs "
+          f"{args.simulator}", flush=True)
     rows = speed.per_policy(two, profile, slo, threshold)
     print(speed.table(rows), flush=True)
     if args.cluster_workers:
@@ -777,7 +793,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_profile)
 
     p = sub.add_parser("plan", help="size the pools and choose the routing policy for a trace and an SLO (simulated)")
-    p.add_argument("--profile", required=True, help="a profile from `dpd profile`")
+    p.add_argument("--profile", help="a profile from `dpd profile` (required but with --compile)")
     p.add_argument("--trace", default=str(DEFAULT_TRACE_DIR),
                    help="the Azure trace's directory, a request log (router.requestLog), or `synthetic`")
     p.add_argument("--rate", type=float, default=0.5, help="the request rate to serve (req/s)")
@@ -793,6 +809,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-output-tokens", type=_at_least(1), default=512)
     p.add_argument("--price-per-worker-hour", type=_real(0, may_equal_low=True), help="adds cost per million output tokens")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--compile", action="store_true", help="instead: compile the simulator's modules (the router's "
+                   "decision code and the engine model) with mypyc for this source tree, ~2x faster plans; needs gcc")
     p.add_argument("--speed", action="store_true", help="instead: how fast the simulator runs here (simulated "
                    "requests per second per policy, and a cluster with --cluster-workers)")
     p.add_argument("--cluster-workers", type=_at_least(0), default=0, help="--speed: also simulate this many workers")

@@ -37,7 +37,9 @@ class Worker:
     name: str
     url: str
     pool: str
-    breaker: CircuitBreaker = None  # type: ignore[assignment]  # set in __post_init__ when not given
+    # not given: a breaker of its own, named after the worker in __post_init__ (a default of None
+    # would make the field's type a lie, which the simulator's compiled build checks)
+    breaker: CircuitBreaker = field(default_factory=lambda: CircuitBreaker("", failure_threshold=3, open_s=5.0))
     owner: str | None = None  # the tenant this worker is dedicated to, if any
     num_in_flight: int = 0
     is_draining: bool = False
@@ -45,8 +47,8 @@ class Worker:
     load: WorkerLoad = field(default_factory=WorkerLoad)  # what the router measures of its work
 
     def __post_init__(self) -> None:
-        if self.breaker is None:
-            self.breaker = CircuitBreaker(self.name, failure_threshold=3, open_s=5.0)
+        if not self.breaker.name:
+            self.breaker.name = self.name
 
     @property
     def is_healthy(self) -> bool:

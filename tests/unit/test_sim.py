@@ -145,8 +145,11 @@ def test_dropping_the_delivery_log_changes_no_outcome(policy, monkeypatch):
     assert all(n == m for (_, _, n, *_), (_, _, m) in zip(whole, requests))  # every token made
 
 
-@pytest.mark.parametrize("policy,digest", [("colocated", "063f5a42a40ddf55"), ("threshold", "f1db009fbc3eab7d"),
-                                           ("adaptive", "49bbcf7ed740f096")])
+# what the compiled build (tests/integration/test_sim_compiled.py) must reproduce too
+PINNED_DIGESTS = [("colocated", "063f5a42a40ddf55"), ("threshold", "f1db009fbc3eab7d"), ("adaptive", "49bbcf7ed740f096")]
+
+
+@pytest.mark.parametrize("policy,digest", PINNED_DIGESTS)
 def test_the_simulators_outcomes_are_pinned(policy, digest):
     """Every path, reason, token time and predicted TTFT of a mixed workload, hashed: the digests
     were taken before the engine's token bookkeeping was rewritten (b4c3030) and must not move

@@ -1,0 +1,122 @@
+"""The simulator's compiled build (``dpd.sim.compiled``): which sources a build belongs to, when a
+process uses it, and that it replaces exactly the listed modules. The real mypyc build and its
+outcomes: tests/integration/test_sim_compiled.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dpd.sim import compiled
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(code: str, cache: Path, **env: str) -> str:
+    environ = {k: v for k, v in os.environ.items() if k != compiled.ENV}
+    environ.update(DPD_CACHE_DIR=str(cache), PYTHONPATH=str(ROOT), **env)
+    out = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_a_builds_key_follows_every_source_file_and_nothing_else(tmp_path):
+    package = tmp_path / "dpd"
+    (package / "router").mkdir(parents=True)
+    (package / "router" / "load.py").write_text("x = 1\n")
+    (package / "cli.py").write_text("y = 1\n")
+    (package / "model.bin").write_bytes(b"weights")
+    key = compiled.source_key(package)
+    (package / "model.bin").write_bytes(b"other weights")
+    assert compiled.source_key(package) == key  # not a source
+    (package / "cli.py").write_text("y = 2\n")  # not compiled, but a compiled module may import it
+    assert compiled.source_key(package) != key
+    (package / "cli.py").write_text("y = 1\n")
+    assert compiled.source_key(package) == key
+    (package / "router" / "load.py").rename(package / "router" / "loads.py")
+    assert compiled.source_key(package) != key  # a path is part of it
+
+
+def test_without_a_build_a_plan_runs_the_source_and_says_how_to_build(tmp_path):
+    said = _run("from dpd.sim import compiled; print(compiled.use()); import dpd.router.load as m; "
+                "print(compiled.is_compiled(m))", tmp_path)
+    assert "no compiled build for these sources: `dpd plan --compile`" in said
+    assert said.endswith("False")
+
+
+def _fake_build(cache: Path) -> Path:
+    """A 'build' whose dpd.router.decide is a marked copy of the source (a .py stands in for the
+    extension: the finder loads whatever file the manifest names)."""
+    os.environ["DPD_CACHE_DIR"] = str(cache)
+    try:
+        out = compiled.build_dir()
+    finally:
+        del os.environ["DPD_CACHE_DIR"]
+    files = {}
+    for name in compiled.MODULES:
+        relative = name.replace(".", "/") + ".py"
+        text = (compiled.PACKAGE_DIR.parent / relative).read_text()
+        if name == "dpd.router.decide":
+            text += "\nFROM_THE_BUILD = True\n"
+        (out / relative).parent.mkdir(parents=True, exist_ok=True)
+        (out / relative).write_text(text)
+        files[name] = relative
+    (out / compiled.MANIFEST).write_text(json.dumps({"files": files}))
+    return out
+
+
+def test_with_a_build_for_these_sources_the_listed_modules_come_from_it(tmp_path):
+    out = _fake_build(tmp_path)
+    said = _run("from dpd.sim import compiled; print(compiled.use()); import dpd.router.decide as d, dpd.router.app; "
+                "print(d.FROM_THE_BUILD, d.__file__); import dpd.cli as c; print(c.__file__)", tmp_path)
+    first, second, third = said.splitlines()
+    assert first.startswith("the router's and engine's code compiled with mypyc") and str(out) in first
+    assert second == f"True {out / 'dpd/router/decide.py'}"
+    assert third == str(compiled.PACKAGE_DIR / "cli.py")  # everything else: the source
+
+
+def test_a_build_is_not_used_when_turned_off_incomplete_or_too_late(tmp_path):
+    out = _fake_build(tmp_path)
+    assert "DPD_SIM_COMPILED=0" in _run("from dpd.sim import compiled; print(compiled.use())", tmp_path,
+                                        DPD_SIM_COMPILED="0")
+    late = _run("import dpd.router; from dpd.sim import compiled; print(compiled.use())", tmp_path)
+    assert "dpd.router was imported before" in late
+    (out / "dpd/router/pick.py").unlink()
+    assert "is incomplete" in _run("from dpd.sim import compiled; print(compiled.use())", tmp_path)
+
+
+def test_a_build_without_mypy_or_a_compiler_is_refused_by_name(tmp_path, monkeypatch):
+    monkeypatch.setenv("DPD_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(compiled, "_mypy_version", lambda: "none")
+    with pytest.raises(compiled.CompileError, match="mypy .* is not installed"):
+        compiled.build()
+    monkeypatch.setattr(compiled, "_mypy_version", lambda: "2.4.1")
+    monkeypatch.setattr(compiled.shutil, "which", lambda name: None)
+    with pytest.raises(compiled.CompileError, match="no C compiler"):
+        compiled.build()
+
+
+def test_an_existing_build_is_kept(tmp_path, monkeypatch):
+    monkeypatch.setenv("DPD_CACHE_DIR", str(tmp_path))
+    out = compiled.build_dir()
+    out.mkdir(parents=True)
+    (out / compiled.MANIFEST).write_text("{}")
+    said: list[str] = []
+    assert compiled.build(say=said.append) == out
+    assert said == [f"already built for these sources: {out}"]
+
+
+def test_dpd_plan_compile_needs_no_profile_and_plan_still_needs_one(tmp_path, monkeypatch, capsys):
+    from dpd.cli import main
+
+    monkeypatch.setenv("DPD_CACHE_DIR", str(tmp_path))
+    calls: list[bool] = []
+    monkeypatch.setattr(compiled, "build", lambda say: calls.append(True) or tmp_path)
+    assert main(["plan", "--compile"]) == 0 and calls == [True]
+    assert main(["plan", "--trace", "synthetic"]) == 2
+    assert "--profile is required" in capsys.readouterr().err
