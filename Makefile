@@ -20,7 +20,8 @@ serve: install
 colocated: install
 	$(DPD) serve --colocated $(CONFIG)
 
-# `dpd plan`'s simulator compiled with mypyc for this source tree (~4 min; needs gcc). Optional:
+# `dpd plan`'s simulator compiled with mypyc for this source tree (~4 min; needs gcc and Python's
+# headers). Optional:
 # without it the plan runs the same code as Python, about half as fast.
 sim-compiled: install
 	$(DPD) plan --compile

@@ -411,8 +411,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         print("dpd plan: --profile is required (a profile from `dpd profile`, or `dpd profile --modelled`)", file=sys.stderr)
         return 2
     # before anything imports the router: the compiled modules replace its source in this process
-    args.simulator = compiled.use()
-    print(f"dpd plan: the simulator runs {args.simulator}", file=sys.stderr)
+    print(f"dpd plan: the simulator runs {compiled.use()}", file=sys.stderr)
     from dpd.bench.ladder import LadderSpec, at_rate, request_set
     from dpd.bench.stats import Slo as BenchSlo
     from dpd.router.adaptive import Slo
@@ -523,8 +522,7 @@ def _plan_speed(args: argparse.Namespace) -> int:
     span = trace[-1][0] - trace[0][0]
     factor = sum(speed.work_s(r, profile) for r in trace) / (0.7 * 2 * max(span, 1e-9))
     two = [((t - trace[0][0]) * factor, p, o) for t, p, o in trace]
-    print(f"Per policy: the trace's {len(two):,} requests on two workers (profile {args.profile}); the simulator runs "
-          f"{args.simulator}", flush=True)
+    print(f"Per policy: the trace's {len(two):,} requests on two workers (profile {args.profile})", file=sys.stderr)
     rows = speed.per_policy(two, profile, slo, threshold)
     print(speed.table(rows), flush=True)
     if args.cluster_workers:
@@ -793,7 +791,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_profile)
 
     p = sub.add_parser("plan", help="size the pools and choose the routing policy for a trace and an SLO (simulated)")
-    p.add_argument("--profile", help="a profile from `dpd profile` (required but with --compile)")
+    p.add_argument("--profile", help="a profile from `dpd profile` (required, except with --compile)")
     p.add_argument("--trace", default=str(DEFAULT_TRACE_DIR),
                    help="the Azure trace's directory, a request log (router.requestLog), or `synthetic`")
     p.add_argument("--rate", type=float, default=0.5, help="the request rate to serve (req/s)")

@@ -14,6 +14,7 @@ stale build — it runs the source, and says so, until ``dpd plan --compile`` bu
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.abc
 import importlib.machinery
@@ -21,6 +22,7 @@ import importlib.util
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -50,13 +52,19 @@ def _mypy_version() -> str:
         return "none"
 
 
+def _is_source(path: Path) -> bool:
+    """A Python source the build depends on: a regular ``.py`` file, not an editor's lock or
+    backup (``.#load.py``, a link to nowhere) — those would break every plan or compile."""
+    return path.suffix == ".py" and not path.name.startswith(".") and path.is_file()
+
+
 def source_key(package_dir: Path = PACKAGE_DIR) -> str:
     """A build's identity: every ``.py`` under ``package_dir`` (path and bytes), the interpreter's
     extension ABI and the compiler's version. Any edit anywhere in the package changes it (a
     compiled module is bound to the interfaces of what it imports, so not only its own file counts)."""
     digest = hashlib.sha256()
     digest.update(f"{_ext_suffix()}\0{sys.version}\0mypy {_mypy_version()}\0".encode())
-    for path in sorted(package_dir.rglob("*.py")):
+    for path in sorted(p for p in package_dir.rglob("*.py") if _is_source(p)):
         digest.update(path.relative_to(package_dir).as_posix().encode() + b"\0")
         digest.update(path.read_bytes() + b"\0")
     return digest.hexdigest()[:20]
@@ -76,33 +84,54 @@ class CompileError(RuntimeError):
     pass
 
 
+def _built_files(out: Path) -> dict[str, Path] | None:
+    """A complete build's files by module name, or None (no build, or a broken one)."""
+    try:
+        manifest = json.loads((out / MANIFEST).read_text())
+        files = {str(name): out / str(relative) for name, relative in manifest["files"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    if set(MODULES) - set(files) or not all(path.is_file() for path in files.values()):
+        return None
+    return files
+
+
+def _compiler() -> str:
+    return (os.environ.get("CC") or str(sysconfig.get_config_var("CC") or "cc")).split()[0]
+
+
 def build(*, package_dir: Path = PACKAGE_DIR, say: Callable[[str], None] = lambda line: None,
           every_s: float = 30.0) -> Path:
     """Compile ``MODULES`` from ``package_dir`` with mypyc into their build directory (kept if it
-    already exists); the directory. ``say``: progress lines. Needs mypy and a C compiler."""
+    is already built and whole); the directory. ``say``: progress lines. Needs mypy, a C compiler
+    and Python's headers; the other builds in the cache are removed once this one is in place."""
     out = build_dir(package_dir)
-    if (out / MANIFEST).is_file():
+    if _built_files(out) is not None:
         say(f"already built for these sources: {out}")
         return out
     if _mypy_version() == "none":
         raise CompileError("mypy (with its compiler, mypyc) is not installed: `make install` installs it")
-    compiler = sysconfig.get_config_var("CC") or "cc"
-    if shutil.which(str(compiler).split()[0]) is None:
-        raise CompileError(f"no C compiler ({str(compiler).split()[0]}) on PATH: install gcc to compile the simulator")
+    if shutil.which(_compiler()) is None:
+        raise CompileError(f"no C compiler ({_compiler()}) on PATH: install gcc to compile the simulator")
     include = sysconfig.get_paths()["include"]
     if not Path(include, "Python.h").is_file():
         raise CompileError(f"no Python headers ({include}/Python.h): install the Python development package")
     files = [name.replace(".", "/") + ".py" for name in MODULES]
-    with tempfile.TemporaryDirectory(prefix="dpd-mypyc-") as tmp:
+    # the compiler's own switches stay out of it: a build is named after the sources alone
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MYPYC_")}
+    with tempfile.TemporaryDirectory(prefix="dpd-mypyc-", ignore_cleanup_errors=True) as tmp:
         work = Path(tmp)
         shutil.copytree(package_dir, work / "dpd", ignore=_only_sources)
+        out = cache_root() / source_key(work / "dpd")  # what is compiled: an edit during the copy gets its own key
         log_path = work / "mypyc.log"
-        command = [sys.executable, "-m", "mypyc", "--python-version", "3.11", "--ignore-missing-imports",
-                   "--check-untyped-defs", *files]
+        command = [sys.executable, "-m", "mypyc", "--config-file=", "--ignore-missing-imports", "--check-untyped-defs",
+                   *files]
         say(f"compiling {len(MODULES)} modules with mypyc (type-check, C, gcc -O3): a few minutes on a small machine")
         started = time.monotonic()
         with open(log_path, "wb") as log:
-            process = subprocess.Popen(command, cwd=work, stdout=log, stderr=subprocess.STDOUT)
+            # its own process group: mypyc runs setup.py, which runs gcc; an interrupted build stops them all
+            process = subprocess.Popen(command, cwd=work, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                       start_new_session=True)
             try:
                 while True:
                     try:
@@ -111,43 +140,58 @@ def build(*, package_dir: Path = PACKAGE_DIR, say: Callable[[str], None] = lambd
                     except subprocess.TimeoutExpired:
                         say(f"  still compiling, {time.monotonic() - started:.0f} s")
             finally:
-                if process.poll() is None:  # interrupted: leave no compiler behind
-                    process.kill()
+                if process.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(process.pid, signal.SIGKILL)
                     process.wait()
         if rc != 0:
             tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-15:])
             raise CompileError(f"mypyc failed (exit {rc}):\n{tail}")
-        suffix = _ext_suffix()
-        staging = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=_made(out.parent)))
+        _install(work, out, started)
+    say(f"built in {time.monotonic() - started:.0f} s: {out}")
+    for other in out.parent.iterdir():  # builds of other sources: never used by these
+        if other != out and other.is_dir() and not other.name.startswith("."):
+            shutil.rmtree(other, ignore_errors=True)
+    return out
+
+
+def _install(work: Path, out: Path, started: float) -> None:
+    """Move the extensions mypyc built in ``work`` to ``out``, whole or not at all."""
+    suffix = _ext_suffix()
+    staging = Path(tempfile.mkdtemp(prefix="." + out.name + ".", dir=_made(out.parent)))
+    try:
         built: dict[str, str] = {}
         for path in work.rglob("*" + suffix):
-            if "build" in path.relative_to(work).parts[:1]:
-                continue  # setuptools' intermediate copies; mypyc copies each extension next to its source
             relative = path.relative_to(work)
+            if relative.parts[0] == "build":
+                continue  # setuptools' intermediate copies; mypyc copies each extension next to its source
             name = ".".join(relative.parts)[: -len(suffix)]
             (staging / relative).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, staging / relative)
             built[name] = relative.as_posix()
         missing = [name for name in MODULES if name not in built]
         if missing:
-            shutil.rmtree(staging, ignore_errors=True)
             raise CompileError(f"mypyc built no extension for {', '.join(missing)}")
         (staging / MANIFEST).write_text(json.dumps({"key": out.name, "modules": list(MODULES), "files": built,
                                                     "mypy": _mypy_version(), "python": sys.version,
                                                     "built_s": round(time.monotonic() - started, 1)}, indent=1))
+        if out.exists() and _built_files(out) is None:  # a broken build of these sources: replaced
+            shutil.rmtree(out, ignore_errors=True)
         try:
-            staging.rename(out)  # whole or not at all; a concurrent build that won leaves its own
+            staging.rename(out)
         except OSError:
-            shutil.rmtree(staging, ignore_errors=True)
-    say(f"built in {time.monotonic() - started:.0f} s: {out}")
-    return out
+            if _built_files(out) is None:
+                raise CompileError(f"could not put the build in place at {out}") from None
+            # a concurrent build of the same sources won: its files are these
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _only_sources(directory: str, names: list[str]) -> list[str]:
     """What ``copytree`` leaves out: everything but Python sources and the folders holding them
     (the package also carries a model and a trace, which the compiler does not need)."""
-    return [name for name in names if name == "__pycache__"
-            or (not name.endswith(".py") and not os.path.isdir(os.path.join(directory, name)))]
+    return [name for name in names if name == "__pycache__" or name.startswith(".")
+            or not (os.path.isdir(os.path.join(directory, name)) or _is_source(Path(directory, name)))]
 
 
 def _made(path: Path) -> Path:
@@ -158,8 +202,9 @@ def _made(path: Path) -> Path:
 class _Finder(importlib.abc.MetaPathFinder):
     """Imports the listed modules from their compiled files (ahead of the source on sys.path)."""
 
-    def __init__(self, files: dict[str, Path]):
+    def __init__(self, files: dict[str, Path], where: Path):
         self.files = files
+        self.where = where
 
     def find_spec(self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None,
                   ) -> importlib.machinery.ModuleSpec | None:
@@ -169,25 +214,42 @@ class _Finder(importlib.abc.MetaPathFinder):
         return importlib.util.spec_from_file_location(fullname, file)
 
 
+def _described(where: Path) -> str:
+    return f"the router's and engine's code compiled with mypyc ({len(MODULES)} modules, {where})"
+
+
 def use(package_dir: Path = PACKAGE_DIR) -> str:
     """Have this process import the compiled modules where a build for these sources exists; what
     the simulator runs, in words. Must come before anything imports ``dpd.router``."""
+    for finder in sys.meta_path:
+        if isinstance(finder, _Finder):  # a second plan in one process
+            load = sys.modules.get("dpd.router.load")
+            if load is None or is_compiled(load):
+                return _described(finder.where)
     if os.environ.get(ENV, "") == "0":
         return f"the source (CPython; {ENV}=0)"
     imported = [name for name in ("dpd.router", *MODULES) if name in sys.modules]
     if imported:
         return f"the source (CPython; {imported[0]} was imported before the compiled build could be used)"
-    out = build_dir(package_dir)
     try:
-        manifest = json.loads((out / MANIFEST).read_text())
-        files = {name: out / relative for name, relative in manifest["files"].items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        out = build_dir(package_dir)
+    except OSError as exc:
+        return f"the source (CPython; its files could not be read for the build's key: {exc})"
+    files = _built_files(out)
+    if files is None:
         return "the source (CPython; no compiled build for these sources: `dpd plan --compile` makes one, ~4 min)"
-    if not all(path.is_file() for path in files.values()) or set(MODULES) - set(files):
-        return f"the source (CPython; the compiled build in {out} is incomplete: `dpd plan --compile` again)"
-    if not any(isinstance(finder, _Finder) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _Finder(files))
-    return f"the router's and engine's code compiled with mypyc ({len(MODULES)} modules, {out})"
+    finder = _Finder(files, out)
+    sys.meta_path.insert(0, finder)
+    try:
+        for name in MODULES:
+            importlib.import_module(name)
+    except Exception as exc:  # a damaged build, or one made on another machine: the source, as if none
+        sys.meta_path.remove(finder)
+        for name in [n for n in sys.modules if n == "dpd.router" or n.startswith("dpd.router.") or n in files]:
+            del sys.modules[name]
+        return (f"the source (CPython; the compiled build in {out} does not load — {type(exc).__name__}: {exc}; "
+                f"remove it, then `dpd plan --compile`)")
+    return _described(out)
 
 
 def is_compiled(module: ModuleType) -> bool:

@@ -15,12 +15,13 @@ import pytest
 from dpd.sim import compiled
 
 ROOT = Path(__file__).resolve().parents[2]
+PYTHON = sys.executable  # this interpreter, even where a test stands a fake one in for the build's
 
 
 def _run(code: str, cache: Path, **env: str) -> str:
     environ = {k: v for k, v in os.environ.items() if k != compiled.ENV}
     environ.update(DPD_CACHE_DIR=str(cache), PYTHONPATH=str(ROOT), **env)
-    out = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True, timeout=120)
+    out = subprocess.run([PYTHON, "-c", code], env=environ, cwd=cache, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
 
@@ -87,7 +88,7 @@ def test_a_build_is_not_used_when_turned_off_incomplete_or_too_late(tmp_path):
     late = _run("import dpd.router; from dpd.sim import compiled; print(compiled.use())", tmp_path)
     assert "dpd.router was imported before" in late
     (out / "dpd/router/pick.py").unlink()
-    assert "is incomplete" in _run("from dpd.sim import compiled; print(compiled.use())", tmp_path)
+    assert "no compiled build for these sources" in _run("from dpd.sim import compiled; print(compiled.use())", tmp_path)
 
 
 def test_a_build_without_mypy_or_a_compiler_is_refused_by_name(tmp_path, monkeypatch):
@@ -105,7 +106,11 @@ def test_an_existing_build_is_kept(tmp_path, monkeypatch):
     monkeypatch.setenv("DPD_CACHE_DIR", str(tmp_path))
     out = compiled.build_dir()
     out.mkdir(parents=True)
-    (out / compiled.MANIFEST).write_text("{}")
+    files = {}
+    for name in compiled.MODULES:
+        (out / name).write_text("")
+        files[name] = name
+    (out / compiled.MANIFEST).write_text(json.dumps({"files": files}))
     said: list[str] = []
     assert compiled.build(say=said.append) == out
     assert said == [f"already built for these sources: {out}"]
@@ -120,3 +125,55 @@ def test_dpd_plan_compile_needs_no_profile_and_plan_still_needs_one(tmp_path, mo
     assert main(["plan", "--compile"]) == 0 and calls == [True]
     assert main(["plan", "--trace", "synthetic"]) == 2
     assert "--profile is required" in capsys.readouterr().err
+
+
+def _fake_mypyc(tmp_path: Path, monkeypatch, body: str) -> None:
+    """``sys.executable -m mypyc …`` as a shell script: the build's steps around the compiler run
+    for real (copy, key, install, prune), the compiler's part is ``body``."""
+    script = tmp_path / "fake-python"
+    script.write_text("#!/bin/sh\n" + body + "\n")
+    script.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(script))
+    monkeypatch.setattr(compiled, "_mypy_version", lambda: "2.4.1")
+    monkeypatch.setenv("DPD_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def test_a_failed_compile_says_why_and_leaves_no_build(tmp_path, monkeypatch):
+    _fake_mypyc(tmp_path, monkeypatch, "echo 'dpd/router/load.py:1: error: boom'; exit 1")
+    with pytest.raises(compiled.CompileError, match=r"(?s)mypyc failed \(exit 1\).*error: boom"):
+        compiled.build()
+    assert not list((tmp_path / "cache" / "sim-compiled").glob("*"))
+
+
+def test_a_build_is_installed_whole_and_replaces_older_ones(tmp_path, monkeypatch):
+    suffix = compiled._ext_suffix()
+    made = " ".join(f"{name.replace('.', '/')}{suffix}" for name in compiled.MODULES)
+    _fake_mypyc(tmp_path, monkeypatch, f"mkdir -p build/dpd/sim && touch build/dpd/sim/engine{suffix} "
+                                       f"&& for f in {made} abc__mypyc{suffix}; do echo not-an-elf > $f; done")
+    old = tmp_path / "cache" / "sim-compiled" / "0123456789abcdef0123"
+    old.mkdir(parents=True)
+    said: list[str] = []
+    out = compiled.build(say=said.append)
+    assert out == compiled.build_dir() and not old.exists()
+    files = compiled._built_files(out)
+    assert files is not None and set(files) == {*compiled.MODULES, "abc__mypyc"}
+    assert said[-1].startswith("built in") and [p.name for p in out.parent.iterdir()] == [out.name]
+    # a build that does not load (here: not even an ELF file) falls back to the source, saying so
+    said_use = _run("from dpd.sim import compiled; print(compiled.use()); import dpd.router.load as m; "
+                    "print(compiled.is_compiled(m))", tmp_path / "cache")
+    assert "does not load" in said_use and said_use.endswith("False")
+    # one of its files gone: not 'already built', built again
+    (out / "dpd" / "router" / ("pick" + suffix)).unlink()
+    assert compiled._built_files(out) is None
+    said.clear()
+    assert compiled.build(say=said.append) == out and said[-1].startswith("built in")
+
+
+def test_an_editors_lock_file_neither_breaks_nor_changes_the_key(tmp_path):
+    package = tmp_path / "dpd"
+    package.mkdir()
+    (package / "load.py").write_text("x = 1\n")
+    key = compiled.source_key(package)
+    (package / ".#load.py").symlink_to(tmp_path / "nowhere")
+    assert compiled.source_key(package) == key
+    assert compiled._only_sources(str(package), [".#load.py", "load.py", "model.bin"]) == [".#load.py", "model.bin"]
