@@ -885,7 +885,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "validate" and not args.schema and not args.file:
         print("dpd validate: give a FILE (or --schema)", file=sys.stderr)
         return 2
-    if args.command == "bench":  # SIGTERM stops a benchmark like Ctrl-C: its endpoints are stopped too
+    # SIGTERM stops a benchmark like Ctrl-C: its endpoints are stopped too; and a compile: its compiler too
+    if args.command == "bench" or (args.command == "plan" and args.compile):
         signal.signal(signal.SIGTERM, _interrupt)
     try:
         return args.func(args)

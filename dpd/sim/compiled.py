@@ -39,6 +39,7 @@ MODULES = ("dpd.sim.engine", "dpd.router.load", "dpd.router.adaptive", "dpd.rout
 ENV = "DPD_SIM_COMPILED"  # "0": run the source even where a build exists
 PACKAGE_DIR = Path(__file__).resolve().parent.parent  # the dpd package
 MANIFEST = "manifest.json"
+KEEP_UNUSED_S = 30 * 86400.0  # a build no plan has used for this long is removed by the next build
 
 
 def _ext_suffix() -> str:
@@ -52,19 +53,27 @@ def _mypy_version() -> str:
         return "none"
 
 
-def _is_source(path: Path) -> bool:
-    """A Python source the build depends on: a regular ``.py`` file, not an editor's lock or
-    backup (``.#load.py``, a link to nowhere) — those would break every plan or compile."""
-    return path.suffix == ".py" and not path.name.startswith(".") and path.is_file()
+def sources(package_dir: Path = PACKAGE_DIR) -> list[Path]:
+    """The Python sources a build is made from and named after, sorted: every regular ``.py`` file
+    under ``package_dir``, but in hidden folders or ``__pycache__`` and an editor's lock or backup
+    (``.#load.py``, a link to nowhere). Symlinked folders are not followed."""
+    found = []
+    for directory, folders, files in os.walk(package_dir):
+        folders[:] = [f for f in folders if not f.startswith(".") and f != "__pycache__"]
+        for name in files:
+            path = Path(directory, name)
+            if name.endswith(".py") and not name.startswith(".") and path.is_file():
+                found.append(path)
+    return sorted(found)
 
 
 def source_key(package_dir: Path = PACKAGE_DIR) -> str:
-    """A build's identity: every ``.py`` under ``package_dir`` (path and bytes), the interpreter's
-    extension ABI and the compiler's version. Any edit anywhere in the package changes it (a
-    compiled module is bound to the interfaces of what it imports, so not only its own file counts)."""
+    """A build's identity: the ``sources`` (path and bytes), the interpreter's extension ABI and
+    the compiler's version. Any edit anywhere in the package changes it (a compiled module is
+    bound to the interfaces of what it imports, so not only its own file counts)."""
     digest = hashlib.sha256()
     digest.update(f"{_ext_suffix()}\0{sys.version}\0mypy {_mypy_version()}\0".encode())
-    for path in sorted(p for p in package_dir.rglob("*.py") if _is_source(p)):
+    for path in sources(package_dir):
         digest.update(path.relative_to(package_dir).as_posix().encode() + b"\0")
         digest.update(path.read_bytes() + b"\0")
     return digest.hexdigest()[:20]
@@ -121,7 +130,10 @@ def build(*, package_dir: Path = PACKAGE_DIR, say: Callable[[str], None] = lambd
     env = {k: v for k, v in os.environ.items() if not k.startswith("MYPYC_")}
     with tempfile.TemporaryDirectory(prefix="dpd-mypyc-", ignore_cleanup_errors=True) as tmp:
         work = Path(tmp)
-        shutil.copytree(package_dir, work / "dpd", ignore=_only_sources)
+        for path in sources(package_dir):
+            copy = work / "dpd" / path.relative_to(package_dir)
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, copy)
         out = cache_root() / source_key(work / "dpd")  # what is compiled: an edit during the copy gets its own key
         log_path = work / "mypyc.log"
         command = [sys.executable, "-m", "mypyc", "--config-file=", "--ignore-missing-imports", "--check-untyped-defs",
@@ -149,10 +161,25 @@ def build(*, package_dir: Path = PACKAGE_DIR, say: Callable[[str], None] = lambd
             raise CompileError(f"mypyc failed (exit {rc}):\n{tail}")
         _install(work, out, started)
     say(f"built in {time.monotonic() - started:.0f} s: {out}")
-    for other in out.parent.iterdir():  # builds of other sources: never used by these
-        if other != out and other.is_dir() and not other.name.startswith("."):
-            shutil.rmtree(other, ignore_errors=True)
+    if build_dir(package_dir) != out:
+        say("the sources changed while they were compiled: this build is for the copy taken; `dpd plan --compile` again")
+    _prune(out.parent)
     return out
+
+
+def _prune(root: Path, *, unused_s: float = KEEP_UNUSED_S, stale_s: float = 3600.0) -> None:
+    """Remove the builds no plan has used for ``unused_s`` (other checkouts and branches share the
+    cache: theirs are kept while in use) and staging folders a killed build left."""
+    now = time.time()
+    for other in root.iterdir():
+        try:
+            if other.name.startswith("."):
+                if now - other.stat().st_mtime > stale_s:
+                    shutil.rmtree(other, ignore_errors=True)
+            elif now - (other / MANIFEST).stat().st_mtime > unused_s:
+                shutil.rmtree(other, ignore_errors=True)
+        except OSError:
+            continue  # no manifest: a build in place elsewhere, or none
 
 
 def _install(work: Path, out: Path, started: float) -> None:
@@ -185,13 +212,6 @@ def _install(work: Path, out: Path, started: float) -> None:
             # a concurrent build of the same sources won: its files are these
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-
-
-def _only_sources(directory: str, names: list[str]) -> list[str]:
-    """What ``copytree`` leaves out: everything but Python sources and the folders holding them
-    (the package also carries a model and a trace, which the compiler does not need)."""
-    return [name for name in names if name == "__pycache__" or name.startswith(".")
-            or not (os.path.isdir(os.path.join(directory, name)) or _is_source(Path(directory, name)))]
 
 
 def _made(path: Path) -> Path:
@@ -238,6 +258,8 @@ def use(package_dir: Path = PACKAGE_DIR) -> str:
     files = _built_files(out)
     if files is None:
         return "the source (CPython; no compiled build for these sources: `dpd plan --compile` makes one, ~4 min)"
+    with contextlib.suppress(OSError):
+        os.utime(out / MANIFEST)  # in use: kept by other builds' pruning
     finder = _Finder(files, out)
     sys.meta_path.insert(0, finder)
     try:
@@ -247,6 +269,9 @@ def use(package_dir: Path = PACKAGE_DIR) -> str:
         sys.meta_path.remove(finder)
         for name in [n for n in sys.modules if n == "dpd.router" or n.startswith("dpd.router.") or n in files]:
             del sys.modules[name]
+            parent, _, child = name.rpartition(".")
+            if parent in sys.modules:  # the package's attribute too, so that nothing reaches the dropped module
+                vars(sys.modules[parent]).pop(child, None)
         return (f"the source (CPython; the compiled build in {out} does not load — {type(exc).__name__}: {exc}; "
                 f"remove it, then `dpd plan --compile`)")
     return _described(out)

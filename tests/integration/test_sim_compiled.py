@@ -5,6 +5,7 @@ pinned outcome digests, and a whole `dpd plan` search's table, equal to the sour
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -36,10 +37,17 @@ def build_cache(tmp_path_factory) -> Path:
     if (why := _can_compile()) is not None:
         pytest.skip(f"the simulator cannot be compiled here: {why}")
     cache = tmp_path_factory.mktemp("dpd-cache")
-    out = subprocess.run([sys.executable, "-m", "dpd", "plan", "--compile"], env=_env(cache), capture_output=True,
-                         text=True, timeout=1200)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "compiling 7 modules with mypyc" in out.stderr and "built in" in out.stderr
+    # in a session of its own: past the time limit, the compiler it started is stopped with it
+    process = subprocess.Popen([sys.executable, "-m", "dpd", "plan", "--compile"], env=_env(cache), text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        _, err = process.communicate(timeout=1200)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert process.returncode == 0, err[-3000:]
+    assert "compiling 7 modules with mypyc" in err and "built in" in err
     return cache
 
 
