@@ -1,4 +1,4 @@
-"""Throwaway timings of the compiled simulator (session 25), kept as run.
+"""Throwaway timings of the compiled simulator (session 25): the two scripts run, merged into one.
   python timing.py adaptive   — three runs of one policy as shipped (what perf-adaptive.txt profiled)
   python timing.py --gc       — the collector on / off / frozen during a run (gc-experiment.txt)
 Run with PYTHONPATH=<a clone> and DPD_CACHE_DIR=<its build>."""
