@@ -113,7 +113,7 @@ def build(*, package_dir: Path = PACKAGE_DIR, say: Callable[[str], None] = lambd
           every_s: float = 30.0) -> Path:
     """Compile ``MODULES`` from ``package_dir`` with mypyc into their build directory (kept if it
     is already built and whole); the directory. ``say``: progress lines. Needs mypy, a C compiler
-    and Python's headers; the other builds in the cache are removed once this one is in place."""
+    and Python's headers; once this one is in place, builds unused for a while are removed (``_prune``)."""
     out = build_dir(package_dir)
     if _built_files(out) is not None:
         say(f"already built for these sources: {out}")
