@@ -109,6 +109,18 @@ def _compiler() -> str:
     return (os.environ.get("CC") or str(sysconfig.get_config_var("CC") or "cc")).split()[0]
 
 
+def missing_tool() -> str | None:
+    """What this machine lacks to compile the simulator, in words, or None."""
+    if _mypy_version() == "none":
+        return "mypy (with its compiler, mypyc) is not installed: `make install` installs it"
+    if shutil.which(_compiler()) is None:
+        return f"no C compiler ({_compiler()}) on PATH: install gcc to compile the simulator"
+    include = sysconfig.get_paths()["include"]
+    if not Path(include, "Python.h").is_file():
+        return f"no Python headers ({include}/Python.h): install the Python development package"
+    return None
+
+
 def build(*, package_dir: Path = PACKAGE_DIR, say: Callable[[str], None] = lambda line: None,
           every_s: float = 30.0) -> Path:
     """Compile ``MODULES`` from ``package_dir`` with mypyc into their build directory (kept if it
@@ -118,13 +130,9 @@ def build(*, package_dir: Path = PACKAGE_DIR, say: Callable[[str], None] = lambd
     if _built_files(out) is not None:
         say(f"already built for these sources: {out}")
         return out
-    if _mypy_version() == "none":
-        raise CompileError("mypy (with its compiler, mypyc) is not installed: `make install` installs it")
-    if shutil.which(_compiler()) is None:
-        raise CompileError(f"no C compiler ({_compiler()}) on PATH: install gcc to compile the simulator")
-    include = sysconfig.get_paths()["include"]
-    if not Path(include, "Python.h").is_file():
-        raise CompileError(f"no Python headers ({include}/Python.h): install the Python development package")
+    missing = missing_tool()
+    if missing is not None:
+        raise CompileError(missing)
     files = [name.replace(".", "/") + ".py" for name in MODULES]
     # the compiler's own switches stay out of it: a build is named after the sources alone
     env = {k: v for k, v in os.environ.items() if not k.startswith("MYPYC_")}

@@ -15,30 +15,18 @@ import pytest
 from dpd.sim import compiled
 from dpd.sim.engine import EngineProfile
 from dpd.sim.profile import Profile
+from tests.unit.test_sim_compiled import environ
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _can_compile() -> str | None:
-    """Why this machine cannot compile the simulator, or None (the build says so as a CompileError;
-    the test is skipped rather than failed where the tools are missing, as `make sim-compiled` is optional)."""
-    import shutil
-    import sysconfig
-
-    if shutil.which(compiled._compiler()) is None:
-        return f"no C compiler ({compiled._compiler()})"
-    if not Path(sysconfig.get_paths()["include"], "Python.h").is_file():
-        return "no Python headers"
-    return None
+ROOT = Path(__file__).resolve().parents[2]  # where the check's subprocess imports tests.unit from
 
 
 @pytest.fixture(scope="module")
 def build_cache(tmp_path_factory) -> Path:
-    if (why := _can_compile()) is not None:
-        pytest.skip(f"the simulator cannot be compiled here: {why}")
+    if (missing := compiled.missing_tool()) is not None:  # `make sim-compiled` is optional: skipped, not failed
+        pytest.skip(f"the simulator cannot be compiled here: {missing}")
     cache = tmp_path_factory.mktemp("dpd-cache")
     # in a session of its own: past the time limit, the compiler it started is stopped with it
-    process = subprocess.Popen([sys.executable, "-m", "dpd", "plan", "--compile"], env=_env(cache), text=True,
+    process = subprocess.Popen([sys.executable, "-m", "dpd", "plan", "--compile"], env=environ(cache), text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
         _, err = process.communicate(timeout=1200)
@@ -54,17 +42,11 @@ def build_cache(tmp_path_factory) -> Path:
 def _plan(cache: Path, mode: str, *argv: str) -> str:
     """``dpd plan ARGV``'s stdout, from the source or compiled."""
     out = subprocess.run([sys.executable, "-m", "dpd", "plan", *argv],
-                         env=_env(cache, **({compiled.ENV: "0"} if mode == "source" else {})), capture_output=True,
+                         env=environ(cache, **({compiled.ENV: "0"} if mode == "source" else {})), capture_output=True,
                          text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert ("compiled with mypyc" in out.stderr) == (mode == "compiled"), out.stderr[-3000:]
     return out.stdout
-
-
-def _env(cache: Path, **extra: str) -> dict[str, str]:
-    environ = {k: v for k, v in os.environ.items() if k != compiled.ENV}
-    environ.update(DPD_CACHE_DIR=str(cache), PYTHONPATH=str(ROOT), **extra)
-    return environ
 
 
 def test_the_compiled_modules_reproduce_the_pinned_outcomes(build_cache):
@@ -79,7 +61,7 @@ for policy, digest in PINNED_DIGESTS:
     test_the_simulators_outcomes_are_pinned(policy, digest)
 print(said)
 """
-    out = subprocess.run([sys.executable, "-c", code], env=_env(build_cache), capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", code], env=environ(build_cache), capture_output=True, text=True,
                          timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "compiled with mypyc" in out.stdout

@@ -19,10 +19,16 @@ ROOT = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable  # this interpreter, even where a test stands a fake one in for the build's
 
 
+def environ(cache: Path, **extra: str) -> dict[str, str]:
+    """A subprocess's environment: this checkout, the build cache ``cache``, and the compiled build
+    used where there is one (``DPD_SIM_COMPILED`` as ``extra`` says, not as the unit tests set it)."""
+    env = {k: v for k, v in os.environ.items() if k != compiled.ENV}
+    env.update(DPD_CACHE_DIR=str(cache), PYTHONPATH=str(ROOT), **extra)
+    return env
+
+
 def _run(code: str, cache: Path, **env: str) -> str:
-    environ = {k: v for k, v in os.environ.items() if k != compiled.ENV}
-    environ.update(DPD_CACHE_DIR=str(cache), PYTHONPATH=str(ROOT), **env)
-    out = subprocess.run([PYTHON, "-c", code], env=environ, cwd=cache, capture_output=True, text=True, timeout=120)
+    out = subprocess.run([PYTHON, "-c", code], env=environ(cache, **env), cwd=cache, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
 
