@@ -278,15 +278,19 @@ def test_client_disconnect_aborts_upstream(endpoint):
     body = {"model": MODEL, "prompt": "Count to one thousand:", "max_tokens": 2000, "ignore_eos": True, "stream": True}
     with requests.post(endpoint.url + "/v1/completions", json=body, stream=True, timeout=60) as resp:
         assert resp.status_code == 200
+        # the worker that serves it: the decoder, or — while its breaker is open on a busy
+        # machine — the prefill worker (every worker serves whole requests)
+        served_by = resp.headers["x-dpd-workers"]
+        url = {"decode-0": DECODE_URL, "prefill-0": PREFILL_URL}[served_by]
         next(resp.iter_lines())
         # vLLM refreshes its gauges once per engine step/log interval: wait to see it running.
-        deadline = time.monotonic() + 15
-        while scrape(DECODE_URL, "vllm:num_requests_running") != 1:
-            assert time.monotonic() < deadline, "the decoder never reported the request running"
+        deadline = time.monotonic() + 30
+        while scrape(url, "vllm:num_requests_running") != 1:
+            assert time.monotonic() < deadline, f"{served_by} never reported the request running"
             time.sleep(0.2)
-    deadline = time.monotonic() + 15
-    while scrape(DECODE_URL, "vllm:num_requests_running") > 0:
-        assert time.monotonic() < deadline, "decoder still generating for a client that left"
+    deadline = time.monotonic() + 30
+    while scrape(url, "vllm:num_requests_running") > 0:
+        assert time.monotonic() < deadline, f"{served_by} still generating for a client that left"
         time.sleep(0.5)
     assert scrape(endpoint.url, "dpd_client_disconnects_total") >= 1
 
