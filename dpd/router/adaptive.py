@@ -50,7 +50,8 @@ import heapq
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, NamedTuple
+from types import MappingProxyType
+from typing import Any
 
 from dpd.router.decide import Decision, Path, Reason, checked_threshold
 from dpd.router.load import EndpointLoad, WorkerLoad, share_above
@@ -83,40 +84,60 @@ class Slo:
     tpot_s: float = 0.2
 
 
-@dataclass(slots=True)
-class Scored:  # not frozen: scored for every plan of every decision, and never changed
-    # The plan: a Decision is made only for the one chosen (``_with_reason``), not for each of
-    # the P × D plans scored.
-    path: Path
-    decode: Worker
-    prefill: Worker | None
-    computed_tokens: int
-    cached_tokens: int | None
-    ttft_s: float
-    misses: float  # SLO misses predicted (expected): its own TTFT and TPOT, the streams its prefill pushes past theirs
-    score: float
-    harm_misses: float = 0  # of ``misses``, the other streams'
-    harm_s: float = 0.0  # the stall the prefill inflicts on the other streams, summed
-    decode_wait_s: float = 0.0  # a split's decode hop: the decoder's queued prefills it waits for
+class Scored:
+    """One plan, scored: for every plan of every decision, and never changed.
+
+    A plain class, not a dataclass: with its explicit ``__init__`` the simulator's compiled build
+    (``dpd.sim.compiled``) constructs it natively, where a dataclass's generated ``__init__``
+    stays interpreted Python (a decision scores several plans). The same for the two below.
+    The plan: a Decision is made only for the one chosen (``_with_reason``), not for each of
+    the P × D plans scored."""
+
+    __slots__ = ("path", "decode", "prefill", "computed_tokens", "cached_tokens", "ttft_s", "misses", "score",
+                 "harm_misses", "harm_s", "decode_wait_s")
+
+    def __init__(self, path: Path, decode: Worker, prefill: Worker | None, computed_tokens: int,
+                 cached_tokens: int | None, ttft_s: float, misses: float, score: float, harm_misses: float = 0,
+                 harm_s: float = 0.0, decode_wait_s: float = 0.0):
+        self.path = path
+        self.decode = decode
+        self.prefill = prefill
+        self.computed_tokens = computed_tokens
+        self.cached_tokens = cached_tokens
+        self.ttft_s = ttft_s
+        self.misses = misses  # SLO misses predicted (expected): its own TTFT and TPOT, the streams its prefill pushes past theirs
+        self.score = score
+        self.harm_misses = harm_misses  # of ``misses``, the other streams'
+        self.harm_s = harm_s  # the stall the prefill inflicts on the other streams, summed
+        self.decode_wait_s = decode_wait_s  # a split's decode hop: the decoder's queued prefills it waits for
+
+    def __repr__(self) -> str:
+        return f"Scored({', '.join(f'{name}={getattr(self, name)!r}' for name in self.__slots__)})"
 
 
-class _Prefilling(NamedTuple):
+class _Prefilling:
     """What a plan's prefill on one worker costs, wherever it decodes (``_prefilling``)."""
 
-    ttft_miss: float  # the chance its TTFT misses the target
-    ttft_risk: float  # the share of the TTFT target it uses, weighted
-    pushed: int  # streams on the prefilling worker pushed past their TPOT
-    harm_risk: float  # the share of the other streams' slack it uses up, summed
-    harm_s: float  # the stall it inflicts on them, summed
+    __slots__ = ("ttft_miss", "ttft_risk", "pushed", "harm_risk", "harm_s")
+
+    def __init__(self, ttft_miss: float, ttft_risk: float, pushed: int, harm_risk: float, harm_s: float):
+        self.ttft_miss = ttft_miss  # the chance its TTFT misses the target
+        self.ttft_risk = ttft_risk  # the share of the TTFT target it uses, weighted
+        self.pushed = pushed  # streams on the prefilling worker pushed past their TPOT
+        self.harm_risk = harm_risk  # the share of the other streams' slack it uses up, summed
+        self.harm_s = harm_s  # the stall it inflicts on them, summed
 
 
-class _Decoding(NamedTuple):
+class _Decoding:
     """What a plan's new stream on one worker starts from, whatever stall it is exposed to."""
 
-    worker: Worker
-    rate: float  # the worker's decode rate, tokens/s
-    slack: float  # the stream's TPOT budget beyond decoding at that rate, seconds
-    tie_break: float  # equal plans go to the less crowded worker
+    __slots__ = ("worker", "rate", "slack", "tie_break")
+
+    def __init__(self, worker: Worker, rate: float, slack: float, tie_break: float):
+        self.worker = worker
+        self.rate = rate  # the worker's decode rate, tokens/s
+        self.slack = slack  # the stream's TPOT budget beyond decoding at that rate, seconds
+        self.tie_break = tie_break  # equal plans go to the less crowded worker
 
 
 class AdaptiveDecider:
@@ -136,9 +157,11 @@ class AdaptiveDecider:
         self.slo = slo
         self.max_prefill_wait_s = max_prefill_wait_s  # the prefill hop's deadline (router.prefillTimeoutS)
         self.max_decode_wait_s = max_decode_wait_s  # the decode hop's first-token deadline (decodeFirstTokenTimeoutS)
-        self._slacks: dict[int, tuple[list[float], list[float]]] = {}
-        self._services: dict[int, list[float]] = {}
-        self._decodings: dict[tuple[int, int], tuple[_Decoding, float, tuple[float, float]]] = {}
+        # Per-worker figures of one decision, by worker (a Worker is hashed by identity).
+        self._slacks: dict[Worker, tuple[list[float], list[float]]] = {}
+        self._services: dict[Worker, list[float]] = {}
+        self._decodings: dict[Worker, tuple[_Decoding, float, tuple[float, float]]] = {}
+        self._decodings_m = 0  # the output tokens _decodings are for
         self._ttft_errors: dict[Path, list[float] | None] = {}
 
     @property
@@ -154,7 +177,7 @@ class AdaptiveDecider:
         prompt's tokens each worker's prefix cache holds (prefix-aware routing): a worker
         prefills only the rest, whole or as a split's prefiller. A whole plan chosen for its
         cache says so (``prefix_hit``)."""
-        decision = self._plan(num_prompt_tokens, num_output_tokens, candidates, cached or {})
+        decision = self._plan(num_prompt_tokens, num_output_tokens, candidates, cached or _NOTHING_CACHED)
         if decision is not None and decision.path is Path.DIRECT and decision.cached_tokens:
             return replace(decision, reason=Reason.PREFIX_HIT)
         return decision
@@ -163,17 +186,19 @@ class AdaptiveDecider:
               cached: Mapping[Worker, int]) -> Decision | None:
         # Per-worker figures every plan through that worker reads (a pool of P prefillers and D
         # decoders has P × D splits): computed once per decision, the same values as uncached.
-        self._slacks, self._services, self._decodings = {}, {}, {}
+        self._slacks.clear()
+        self._services.clear()
+        self._decodings.clear()
         errors = self.endpoint.ttft_errors
-        self._ttft_errors = {Path.DIRECT: errors["direct"].measured_errors(),
-                             Path.DISAGGREGATED: errors["disaggregated"].measured_errors()}
+        self._ttft_errors[Path.DIRECT] = errors["direct"].measured_errors()
+        self._ttft_errors[Path.DISAGGREGATED] = errors["disaggregated"].measured_errors()
         candidates = self._shortlist(candidates, num_prompt_tokens, cached)
         n = num_prompt_tokens
         m = num_output_tokens if num_output_tokens is not None else round(self.endpoint.output_tokens.value)
         wholes = [self._whole(w, n, m, cached.get(w, 0)) for w in (*candidates.decoders, *candidates.others)]
         if not wholes:
             return None
-        best_whole = min(wholes, key=lambda s: s.score)  # min is stable: decode-pool workers win ties
+        best_whole = _least_score(wholes)  # the first of equal scores: decode-pool workers win ties
         if self.is_colocated:
             return _with_reason(best_whole, Reason.COLOCATED)
         if n < self._floor_tokens:
@@ -192,14 +217,14 @@ class AdaptiveDecider:
             # backed up: a large prompt then queues whole where it does not lengthen a decoder's
             # queue (which is what blocks the splits, and what the short requests wait behind).
             wholes = [s for s in wholes if self._may_queue_whole(s, n, candidates)] or wholes
-            return _with_reason(min(wholes, key=lambda s: s.score), Reason.PREFILL_QUEUE_LONG)
+            return _with_reason(_least_score(wholes), Reason.PREFILL_QUEUE_LONG)
         if best_split.ttft_s > self.slo.ttft_s:
             # The prefill pool is overloaded: a decoder takes a large prompt whole only if it
             # can start it at once; queued behind other prefills it would build a queue in
             # front of the short requests the decode pool serves. A small one (its prefill
             # within SMALL_PREFILL of the TTFT target) may queue.
             wholes = [s for s in wholes if self._may_queue_whole(s, n, candidates)] or wholes
-            best_whole = min(wholes, key=lambda s: s.score)
+            best_whole = _least_score(wholes)
         if all(s.ttft_s > self.slo.ttft_s for s in (*wholes, *splits)):
             if self._is_small(best_whole, n):
                 # A small prompt late everywhere is served soonest: its prefill harms no one, and
@@ -224,6 +249,8 @@ class AdaptiveDecider:
         of the prompt in cache, then the least loaded — prefillers by their queue's wait,
         decoders by queued prefill tokens, then streams. Pools within the limit are unchanged."""
         k = self.max_candidates
+        if len(candidates.prefillers) <= k and len(candidates.decoders) <= k and len(candidates.others) <= k:
+            return candidates  # every pool within the limit: nothing to leave out
         index = candidates.index
         if index is not None and not cached:
             return Candidates(index.least_prefill_s(candidates.prefillers, n, k), index.least_loaded(candidates.decoders, k),
@@ -329,13 +356,15 @@ class AdaptiveDecider:
     def _decoding(self, d: Worker, m: int) -> tuple[_Decoding, float, tuple[float, float]]:
         """A new stream on ``d``: where it starts from, the stall it can expect from prefills to
         come there, and its cost with that stall alone (``_own_stream``); once per decision."""
-        key = (id(d), m)
-        found = self._decodings.get(key)
+        if m != self._decodings_m:  # one m a decision: a caller asking for another starts afresh
+            self._decodings.clear()
+            self._decodings_m = m
+        found = self._decodings.get(d)
         if found is None:
             rate = d.load.decode_tokens_per_s
             decoding = _Decoding(d, rate, (self.slo.tpot_s - 1 / rate) * max(m - 1, 0), TIE_BREAK * len(d.load.streams))
             future_stall_s = self._future_stall_s(d, m)
-            found = self._decodings[key] = (decoding, future_stall_s, self._own_stream(decoding, future_stall_s, m))
+            found = self._decodings[d] = (decoding, future_stall_s, self._own_stream(decoding, future_stall_s, m))
         return found
 
     def _own_stream(self, decoding: _Decoding, exposure: float, m: int) -> tuple[float, float]:
@@ -363,13 +392,13 @@ class AdaptiveDecider:
     def _sorted_slacks(self, w: Worker) -> tuple[list[float], list[float]]:
         """The stream slacks on ``w``, sorted, and for each position the sum of 1 / slack from
         there on (positive slacks only); once per decision."""
-        found = self._slacks.get(id(w))
+        found = self._slacks.get(w)
         if found is None:
             slacks = sorted(w.load.stream_slacks_s(self.slo.tpot_s))
             inverse_sums = [0.0] * (len(slacks) + 1)
             for i in range(len(slacks) - 1, -1, -1):
                 inverse_sums[i] = inverse_sums[i + 1] + (1 / slacks[i] if slacks[i] > 0 else 0.0)
-            found = self._slacks[id(w)] = (slacks, inverse_sums)
+            found = self._slacks[w] = (slacks, inverse_sums)
         return found
 
     def _tpot_miss(self, exposure: float, slack: float, d: Worker, m: int, decode_rate: float) -> float:
@@ -382,9 +411,9 @@ class AdaptiveDecider:
         if exposure > slack:
             return 1.0
         decode_s = (m - 1) / decode_rate
-        services = self._services.get(id(d))
+        services = self._services.get(d)
         if services is None:
-            services = self._services[id(d)] = d.load.recent_services_s()
+            services = self._services[d] = d.load.recent_services_s()
         limit = min(slack - exposure, self.max_stall_s)
         return 1.0 - math.exp(-d.load.stalls_longer_than_per_s(limit, services) * decode_s)
 
@@ -513,6 +542,19 @@ def _k_smallest(workers: Sequence[Worker], keys: list[Any], k: int) -> list[Work
     """The ``k`` workers of the smallest keys, in their order — what a stable sort's first ``k``
     would hold (of equal keys, the earlier: ``nsmallest`` is stable) — in O(workers × log k)."""
     return [workers[i] for i in sorted(heapq.nsmallest(k, range(len(keys)), key=keys.__getitem__))]
+
+
+def _least_score(plans: list[Scored]) -> Scored:
+    """``min(plans, key=score)``, the first of equal scores; a loop, which the compiled build runs
+    natively (``min`` calls its key function through CPython once a plan)."""
+    best = plans[0]
+    for scored in plans:
+        if scored.score < best.score:
+            best = scored
+    return best
+
+
+_NOTHING_CACHED: Mapping[Worker, int] = MappingProxyType({})
 
 
 def _with_reason(scored: Scored, reason: Reason) -> Decision:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import operator
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -81,7 +82,9 @@ class RecentMedian:
     def add(self, sample: float) -> None:
         if not math.isfinite(sample):
             return
-        self._samples = [*self._samples[-(self.window - 1):], sample]
+        self._samples.append(sample)
+        if len(self._samples) > self.window:
+            del self._samples[0]
         self.num_samples += 1
         self.is_measured = len(self._samples) >= self.min_samples
         self._median = None
@@ -142,8 +145,10 @@ class RecentRate:
         if self._value is None:
             if not self.is_measured:
                 return self.prior
-            total_tokens = sum(tokens for tokens, _ in self._samples)
-            total_s = sum(seconds for _, seconds in self._samples)
+            total_tokens, total_s = 0.0, 0.0
+            for tokens, seconds in self._samples:  # summed in order
+                total_tokens += tokens
+                total_s += seconds
             kept_tokens, kept_s = total_tokens, total_s
             for tokens, seconds in self._samples:
                 rest_s = total_s - seconds
@@ -169,7 +174,7 @@ class Residuals:
         self.max_age_s = max_age_s
         self._clock = clock
         self._samples: deque[tuple[float, float]] = deque(maxlen=window)  # (when, error)
-        self._sorted: list[float] | None = None  # of ``_samples``' errors, until they change
+        self._sorted: list[float] | None = None  # of ``_samples``' errors, once read: then kept sorted in place
         self.num_samples = 0
 
     @property
@@ -180,15 +185,21 @@ class Residuals:
     def add(self, sample: float) -> None:
         if not math.isfinite(sample):
             return
+        if len(self._samples) == self._samples.maxlen:  # the oldest leaves the window
+            self._unsort(self._samples[0][1])
         self._samples.append((self._clock(), sample))
         self.num_samples += 1
-        self._sorted = None
+        if self._sorted is not None:  # kept sorted in place: a sample a request, read once a decision
+            bisect.insort(self._sorted, sample)
 
     def _expire(self) -> None:
         oldest = self._clock() - self.max_age_s
         while self._samples and self._samples[0][0] < oldest:
-            self._samples.popleft()
-            self._sorted = None
+            self._unsort(self._samples.popleft()[1])
+
+    def _unsort(self, error: float) -> None:
+        if self._sorted is not None:
+            del self._sorted[bisect.bisect_left(self._sorted, error)]
 
     def _ordered(self) -> list[float]:
         self._expire()
@@ -198,7 +209,8 @@ class Residuals:
 
     def measured_errors(self) -> list[float] | None:
         """The recent errors, sorted, or None while too few (what ``share_above`` reads, for a
-        caller that asks many times in one decision)."""
+        caller that asks many times in one decision): read, not modified, and valid until the
+        next sample (the list is kept sorted in place)."""
         return self._ordered() if self.is_measured else None
 
     def share_above(self, margin_s: float) -> float:
@@ -221,38 +233,53 @@ def share_above(errors: list[float] | None, margin_s: float) -> float:
     return (len(errors) - bisect.bisect_right(errors, margin_s)) / len(errors)
 
 
-@dataclass(eq=False)  # a ticket is its identity: two alike in every field are still two prefills
+_gap = operator.itemgetter(0)  # a gap run's gap
+
+
 class PrefillTicket:
-    """One prefill in flight on a worker; ``WorkerLoad.end_prefill`` closes it exactly once."""
+    """One prefill in flight on a worker; ``WorkerLoad.end_prefill`` closes it exactly once. A
+    ticket is its identity: two alike in every field are still two prefills.
 
-    num_tokens: int
-    sent_at: float
-    expected_tokens: int | None = None  # a whole request's output: it will decode here after its prefill
-    is_open: bool = True
+    Here and in ``StreamTicket``, a plain class with an explicit ``__init__`` rather than a
+    dataclass: the simulator's compiled build (``dpd.sim.compiled``) constructs it natively, where
+    a dataclass's generated ``__init__`` stays interpreted Python (one of each per request)."""
+
+    __slots__ = ("num_tokens", "sent_at", "expected_tokens", "is_open")
+
+    def __init__(self, num_tokens: int, sent_at: float, expected_tokens: int | None = None):
+        self.num_tokens = num_tokens
+        self.sent_at = sent_at
+        self.expected_tokens = expected_tokens  # a whole request's output: it will decode here after its prefill
+        self.is_open = True
 
 
-@dataclass(eq=False)  # likewise: ``in`` and ``remove`` find this stream, not one equal to it
 class StreamTicket:
     """One stream decoding on a worker: its first token's time, the tokens it is expected to
-    generate (``max_tokens``, else the endpoint's typical output) and those seen so far."""
+    generate (``max_tokens``, else the endpoint's typical output) and those seen so far. Likewise
+    its identity: ``in`` and ``remove`` find this stream, not one equal to it."""
 
-    started_at: float
-    expected_tokens: int
-    num_tokens: int = 1
-    last_token_at: float | None = None
-    # per event after the first token: (the gap before each of its tokens, its tokens) — for the
-    # undisturbed decode rate; run-length coded, so the gaps number num_tokens - 1
-    gap_runs: list[tuple[float, int]] = field(default_factory=list)
+    __slots__ = ("started_at", "expected_tokens", "num_tokens", "last_token_at", "gap_runs")
+
+    def __init__(self, started_at: float, expected_tokens: int):
+        self.started_at = started_at
+        self.expected_tokens = expected_tokens
+        self.num_tokens = 1
+        self.last_token_at: float | None = None
+        # per event after the first token: (the gap before each of its tokens, its tokens) — for the
+        # undisturbed decode rate; run-length coded, so the gaps number num_tokens - 1
+        self.gap_runs: list[tuple[float, int]] = []
 
     def add_tokens(self, num_tokens: int, now: float) -> None:
         """``num_tokens`` in all have been seen by ``now`` (an event may carry several)."""
-        self.add_token_runs(((num_tokens - self.num_tokens, now),))
+        self.add_token_runs(((num_tokens - self.num_tokens, 0.0, now),))
 
-    def add_token_runs(self, runs: Sequence[tuple[int, float]]) -> None:
-        """``add_tokens`` for each run in order: (new tokens, the last one's time) — the simulator
-        hands a stream several engine steps' tokens at once."""
+    def add_token_runs(self, runs: Sequence[tuple[int, float, float]]) -> None:
+        """``add_tokens`` for each run in order: (new tokens, —, the last one's time) — the
+        simulator hands a stream several engine steps' tokens at once, as its engine logs them
+        (the middle figure, the engine's own step time, is not read: the gaps are timed here,
+        as a real stream's are)."""
         gap_runs, num_tokens, last = self.gap_runs, self.num_tokens, self.last_token_at
-        for new, now in runs:
+        for new, _, now in runs:
             if new > 0:
                 gap_runs.append(((now - (self.started_at if last is None else last)) / new, new))
                 num_tokens += new
@@ -262,7 +289,7 @@ class StreamTicket:
     def median_gap_s(self) -> float:
         """The median gap between tokens (of an even count, the upper middle one); NaN before a second token."""
         k = (self.num_tokens - 1) // 2
-        for gap, count in sorted(self.gap_runs):
+        for gap, count in sorted(self.gap_runs, key=_gap):  # equal gaps in any order: the same median
             if k < count:
                 return gap
             k -= count
@@ -306,7 +333,7 @@ class WorkerLoad:
         self._busy_s = 0.0  # decayed sum of service times
         self._busy_at = clock()
         self._recent: deque[tuple[float, float]] = deque(maxlen=256)  # (end, service s) of recent prefills
-        self._recent_sorted: list[float] | None = None  # their service times, sorted
+        self._recent_sorted: list[float] | None = None  # their service times, sorted (once read: then kept so in place)
         self._watchers: list[set[WorkerLoad]] = []  # sets this load adds itself to when it changes (watch)
 
     def watch(self, changed: set[WorkerLoad]) -> None:
@@ -399,20 +426,25 @@ class WorkerLoad:
 
     def recent_services_s(self) -> list[float]:
         """The service times of the prefills that ended within the last ``window_s``, sorted
-        (kept between calls until a prefill ends or one leaves the window: read, not modified)."""
+        (one list, kept sorted in place as prefills end and leave the window: read, not modified,
+        and valid until the next prefill ends)."""
         since = self._clock() - self.window_s
-        recent = self._recent
-        if recent and recent[0][0] < since:  # in order of their end: the oldest leave first
-            while recent and recent[0][0] < since:
-                recent.popleft()
-            self._recent_sorted = None
-        if self._recent_sorted is None:
-            self._recent_sorted = sorted(service for _, service in recent)
-        return self._recent_sorted
+        recent, ordered = self._recent, self._recent_sorted
+        while recent and recent[0][0] < since:  # in order of their end: the oldest leave first
+            service = recent.popleft()[1]
+            if ordered is not None:
+                del ordered[bisect.bisect_left(ordered, service)]
+        if ordered is None:
+            ordered = self._recent_sorted = sorted(service for _, service in recent)
+        return ordered
 
     def _add_busy(self, service_s: float, now: float) -> None:
-        self._recent.append((now, service_s))
-        self._recent_sorted = None
+        recent, ordered = self._recent, self._recent_sorted
+        if ordered is not None:  # kept sorted in place, as the services come and go
+            if len(recent) == recent.maxlen:
+                del ordered[bisect.bisect_left(ordered, recent[0][1])]
+            bisect.insort(ordered, service_s)
+        recent.append((now, service_s))
         self._busy_s = self._decayed(now) + service_s
         self._busy_at = now
 

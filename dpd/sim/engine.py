@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import gc
 import heapq
-import itertools
 import math
 import random
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from dpd.router.adaptive import AdaptiveDecider, Candidates, ShortlistIndex, Slo
 from dpd.router.decide import Path, ThresholdDecider
@@ -70,31 +69,40 @@ class EngineProfile:
 Delivery = tuple[int, float, float]  # decode steps whose tokens a stream got: (steps, the gap before each, the last one's time)
 
 
-@dataclass(eq=False)  # each job is itself: found in the engine's lists by identity
 class Job:
-    prompt_tokens: int
-    output_tokens: int
-    on_first: Callable[[float], None]
-    on_tokens: Callable[[list[Delivery]], None]  # the deliveries since the last call, oldest first
-    on_done: Callable[[float], None]
-    remaining_prefill: int = 0
-    generated: int = 0  # tokens handed to on_first and on_tokens so far
-    finish_at: int = 0  # while decoding: the engine's step count at which its last token is made
-    seen: int = 0  # while decoding: the engine's deliveries handed to it so far
-    pulled_tokens: int = 0  # a split's decode: the prompt tokens whose KV it pulled (its admission's cost)
+    """A request on one engine; each job is itself (found in the engine's lists by identity).
 
-    def __post_init__(self) -> None:
-        self.remaining_prefill = self.prompt_tokens
+    Here and in ``Outcome``, a plain class with an explicit ``__init__`` rather than a dataclass:
+    the compiled build (``dpd.sim.compiled``) constructs it natively, where a dataclass's
+    generated ``__init__`` stays interpreted Python (one or two of each per simulated request)."""
+
+    __slots__ = ("prompt_tokens", "output_tokens", "on_first", "on_tokens", "on_done", "remaining_prefill",
+                 "generated", "finish_at", "seen", "pulled_tokens")
+
+    def __init__(self, prompt_tokens: int, output_tokens: int, on_first: Callable[[float], None],
+                 on_tokens: Callable[[list[Delivery]], None], on_done: Callable[[float], None], *,
+                 pulled_tokens: int = 0):
+        self.prompt_tokens = prompt_tokens
+        self.output_tokens = output_tokens
+        self.on_first = on_first
+        self.on_tokens = on_tokens  # the deliveries since the last call, oldest first
+        self.on_done = on_done
+        self.remaining_prefill = prompt_tokens
+        self.generated = 0  # tokens handed to on_first and on_tokens so far
+        self.finish_at = 0  # while decoding: the engine's step count at which its last token is made
+        self.seen = 0  # while decoding: the engine's deliveries handed to it so far
+        self.pulled_tokens = pulled_tokens  # a split's decode: the prompt tokens whose KV it pulled (its admission's cost)
 
 
 class Sim:
     def __init__(self) -> None:
         self.now = 0.0
         self._events: list[tuple[float, int, Callable[[], None]]] = []
-        self._seq = itertools.count()
+        self._seq = 0  # events at the same time run in the order they were scheduled
 
     def at(self, t: float, fn: Callable[[], None]) -> None:
-        heapq.heappush(self._events, (t, next(self._seq), fn))
+        self._seq += 1
+        heapq.heappush(self._events, (t, self._seq, fn))
 
     def run(self, arrivals: list[tuple[float, Callable[[], None]]] | None = None) -> None:
         """Run the events until none is left. ``arrivals``: events known in advance, sorted by time,
@@ -110,7 +118,8 @@ class Sim:
         pending = arrivals or []
         if any(pending[i][0] > pending[i + 1][0] for i in range(len(pending) - 1)):
             raise ValueError("arrivals must be sorted by time")
-        first_seq = next(self._seq)  # events scheduled before the run go before arrivals at the same time
+        self._seq += 1
+        first_seq = self._seq  # events scheduled before the run go before arrivals at the same time
         i, n = 0, len(pending)
         try:
             while True:
@@ -209,7 +218,11 @@ class Engine:
         p = self.profile
         self.is_busy = True
         if not self.waiting:
-            steps = min(job.finish_at for job in self.running) - self._steps
+            first_end = self.running[0].finish_at
+            for job in self.running:
+                if job.finish_at < first_end:
+                    first_end = job.finish_at
+            steps = first_end - self._steps
             step_s = p.step_overhead_s + len(self.running) * p.decode_s_per_stream
             self._cruise = (self.sim.now, step_s, steps)
             generation = self._generation
@@ -218,16 +231,19 @@ class Engine:
         budget = p.max_batched_tokens - len(self.running)
         chunks: list[tuple[Job, int]] = []
         room = p.max_num_seqs - len(self.running)
+        prefill_tokens, pulled_tokens = 0, 0
         for job in self.waiting:
             if budget <= 0 or len(chunks) >= room:
                 break
             take = min(job.remaining_prefill, budget) if job.remaining_prefill else 1
             chunks.append((job, take))
             budget -= take
-        prefill_tokens = sum(take for job, take in chunks if job.remaining_prefill)
+            if job.remaining_prefill:
+                prefill_tokens += take
+            pulled_tokens += job.pulled_tokens
         step_s = p.step_overhead_s + prefill_tokens / p.prefill_tokens_per_s + len(self.running) * p.decode_s_per_stream
         if p.kv_pull_s_per_token:
-            step_s += sum(job.pulled_tokens for job, _ in chunks) * p.kv_pull_s_per_token
+            step_s += pulled_tokens * p.kv_pull_s_per_token
         # The batch cannot change before the step ends: streams join and leave only there.
         self.sim.at(self.sim.now + step_s, lambda: self._end_step(chunks, step_s))
 
@@ -281,18 +297,23 @@ class Engine:
         self._maybe_step()
 
 
-@dataclass
 class Outcome:
-    prompt_tokens: int
-    output_tokens: int
-    arrival_s: float
-    path: str = ""
-    reason: str = ""
-    first_s: float = float("nan")
-    last_s: float = float("nan")
-    num_tokens: int = 0
-    predicted_ttft_s: float | None = None  # the adaptive policy's, audited at the first token as the router does
-    _deliveries: list[Delivery] = field(default_factory=list, repr=False)  # after the first token, oldest first
+    """One simulated request: what it asked for, the path it took and when its tokens came."""
+
+    __slots__ = ("prompt_tokens", "output_tokens", "arrival_s", "path", "reason", "first_s", "last_s", "num_tokens",
+                 "predicted_ttft_s", "_deliveries")
+
+    def __init__(self, prompt_tokens: int, output_tokens: int, arrival_s: float):
+        self.prompt_tokens = prompt_tokens
+        self.output_tokens = output_tokens
+        self.arrival_s = arrival_s
+        self.path = ""
+        self.reason = ""
+        self.first_s = math.nan
+        self.last_s = math.nan
+        self.num_tokens = 0
+        self.predicted_ttft_s: float | None = None  # the adaptive policy's, audited at the first token as the router does
+        self._deliveries: list[Delivery] = []  # after the first token, oldest first
 
     def add_first(self, t: float) -> None:
         self.first_s = self.last_s = t
@@ -404,15 +425,16 @@ class SimEndpoint:
         if self.policy == "adaptive":
             plan = self.adaptive.plan(n, m, self.candidates)
             assert plan is not None
-            path, reason, p, d = plan.path, plan.reason.value, plan.prefill, plan.decode
+            path, reason, p, d = plan.path, plan.reason._value_, plan.prefill, plan.decode
             o.predicted_ttft_s = plan.predicted_ttft_s
         else:
             decision = self.threshold.decide(n, has_prefill_capacity=bool(self.prefill))
-            path, reason = decision.path, decision.reason.value
+            path, reason = decision.path, decision.reason._value_
             p = self.picker.pick(self.prefill) if path is Path.DISAGGREGATED else None
             d = self.picker.pick(self.decode)
         assert d is not None
-        o.path, o.reason = path.value, reason
+        # (_value_, the member's value as stored: .value is a property, a Python call each time)
+        o.path, o.reason = path._value_, reason
         if path is Path.DISAGGREGATED and p is not None:
             self._split(o, p, d)
         else:
@@ -433,7 +455,7 @@ class SimEndpoint:
         def tokens(deliveries: list[Delivery]) -> None:
             # the router's ticket, fed as a real stream feeds it: each step's tokens at its time
             stream = state["stream"]
-            stream.add_token_runs([(steps, t) for steps, _, t in deliveries])
+            stream.add_token_runs(deliveries)
             o.add_tokens(deliveries, stream.num_tokens)
 
         def done(t: float) -> None:

@@ -81,3 +81,21 @@ def test_colocated_flag_can_be_toggled():
     assert decider.decide(10, has_prefill_capacity=True).reason is Reason.COLOCATED
     decider.is_colocated = False
     assert decider.decide(10, has_prefill_capacity=True).path is DIS
+
+
+def test_decisions_written_out_init_takes_every_field_in_order_with_its_default():
+    """``Decision.__init__`` is written out (the compiled simulator runs it natively): it must
+    stay the dataclass's own — every field, in order, with its default — and stay frozen."""
+    import dataclasses
+    import inspect
+
+    params = list(inspect.signature(Decision.__init__).parameters.values())[1:]
+    fields = dataclasses.fields(Decision)
+    assert [p.name for p in params] == [f.name for f in fields]
+    assert [p.default for p in params] == [inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default
+                                           for f in fields]
+    decision = Decision(Path.DIRECT, Reason.SHORT_PROMPT, computed_tokens=5)
+    assert decision == Decision(Path.DIRECT, Reason.SHORT_PROMPT, None, None, None, None, 5)
+    assert dataclasses.replace(decision, reason=Reason.PREFIX_HIT).reason is Reason.PREFIX_HIT
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        decision.path = Path.DISAGGREGATED  # type: ignore[misc]
