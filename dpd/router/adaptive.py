@@ -51,7 +51,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
-from typing import Any
+from typing import Any, ClassVar
 
 from dpd.router.decide import Decision, Path, Reason, checked_threshold
 from dpd.router.load import EndpointLoad, WorkerLoad, share_above
@@ -93,8 +93,10 @@ class Scored:
     The plan: a Decision is made only for the one chosen (``_with_reason``), not for each of
     the P × D plans scored."""
 
-    __slots__ = ("path", "decode", "prefill", "computed_tokens", "cached_tokens", "ttft_s", "misses", "score",
-                 "harm_misses", "harm_s", "decode_wait_s")
+    # its fields, for repr (a class compiled with mypyc has no __slots__ attribute: mypyc drops it)
+    FIELDS: ClassVar[tuple[str, ...]] = ("path", "decode", "prefill", "computed_tokens", "cached_tokens", "ttft_s",
+                                         "misses", "score", "harm_misses", "harm_s", "decode_wait_s")
+    __slots__ = FIELDS
 
     def __init__(self, path: Path, decode: Worker, prefill: Worker | None, computed_tokens: int,
                  cached_tokens: int | None, ttft_s: float, misses: float, score: float, harm_misses: float = 0,
@@ -112,7 +114,7 @@ class Scored:
         self.decode_wait_s = decode_wait_s  # a split's decode hop: the decoder's queued prefills it waits for
 
     def __repr__(self) -> str:
-        return f"Scored({', '.join(f'{name}={getattr(self, name)!r}' for name in self.__slots__)})"
+        return f"Scored({', '.join(f'{name}={getattr(self, name)!r}' for name in Scored.FIELDS)})"
 
 
 class _Prefilling:

@@ -146,7 +146,9 @@ class RecentRate:
             if not self.is_measured:
                 return self.prior
             total_tokens, total_s = 0.0, 0.0
-            for tokens, seconds in self._samples:  # summed in order
+            # Added left to right, on every Python version and as the compiled build adds (sum()
+            # of floats compensates its rounding from 3.12 on: its last bit could differ).
+            for tokens, seconds in self._samples:
                 total_tokens += tokens
                 total_s += seconds
             kept_tokens, kept_s = total_tokens, total_s
@@ -185,7 +187,7 @@ class Residuals:
     def add(self, sample: float) -> None:
         if not math.isfinite(sample):
             return
-        if len(self._samples) == self._samples.maxlen:  # the oldest leaves the window
+        if self._samples and len(self._samples) == self._samples.maxlen:  # the oldest leaves the window
             self._unsort(self._samples[0][1])
         self._samples.append((self._clock(), sample))
         self.num_samples += 1
@@ -210,7 +212,7 @@ class Residuals:
     def measured_errors(self) -> list[float] | None:
         """The recent errors, sorted, or None while too few (what ``share_above`` reads, for a
         caller that asks many times in one decision): read, not modified, and valid until the
-        next sample (the list is kept sorted in place)."""
+        next sample or the next read that finds one expired (the list is kept sorted in place)."""
         return self._ordered() if self.is_measured else None
 
     def share_above(self, margin_s: float) -> float:
@@ -427,7 +429,7 @@ class WorkerLoad:
     def recent_services_s(self) -> list[float]:
         """The service times of the prefills that ended within the last ``window_s``, sorted
         (one list, kept sorted in place as prefills end and leave the window: read, not modified,
-        and valid until the next prefill ends)."""
+        and valid until the next prefill ends or the next read finds one past the window)."""
         since = self._clock() - self.window_s
         recent, ordered = self._recent, self._recent_sorted
         while recent and recent[0][0] < since:  # in order of their end: the oldest leave first

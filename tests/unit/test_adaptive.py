@@ -576,7 +576,7 @@ def test_splits_scored_in_place_match_every_pair_scored(seed):
         every += pairs
         expected_firsts += pairs[:1]
     def plain(scored):  # a Scored's fields (a plain class: no field-wise ==)
-        return None if scored is None else tuple(getattr(scored, name) for name in Scored.__slots__)
+        return None if scored is None else tuple(getattr(scored, name) for name in Scored.FIELDS)
 
     assert [plain(s) for s in firsts] == [plain(s) for s in expected_firsts]
     assert plain(best) == plain(min(every, key=lambda s: s.score) if every else None)
@@ -649,3 +649,33 @@ def test_a_streams_median_gap_is_the_middle_of_its_gaps_one_by_one():
             ticket.add_tokens(total, t)
         assert ticket.median_gap_s() == sorted(one_by_one)[len(one_by_one) // 2]
     assert StreamTicket(0.0, 5).median_gap_s() != StreamTicket(0.0, 5).median_gap_s()  # NaN: no gap yet
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_the_windows_kept_sorted_in_place_hold_what_sorting_them_would(seed):
+    """``Residuals`` and ``WorkerLoad.recent_services_s`` keep their sorted lists in place as
+    samples come, the window evicts and age expires them: after any mix of those, the list read
+    is the window's values sorted, as sorting on every read gave (ties and repeats included)."""
+    import random
+
+    rng = random.Random(seed)
+    clock = FakeClock()
+    errors = Residuals(window=rng.choice([1, 4, 64]), min_samples=1, max_age_s=rng.choice([5.0, 60.0]), clock=clock)
+    load = WorkerLoad(clock=clock, window_s=rng.choice([5.0, 60.0]), min_sample_tokens=1)
+    load._recent = type(load._recent)(maxlen=rng.choice([1, 3, 256]))  # a short window evicts often
+    for _ in range(400):
+        action = rng.random()
+        if action < 0.4:
+            errors.add(rng.choice([0.0, -0.0, 0.5, -1.25, rng.uniform(-3, 3)]))
+        elif action < 0.7:
+            ticket = load.begin_prefill(rng.randint(1, 500))
+            clock.now += rng.choice([0.0, 0.001, 0.3])
+            load.end_prefill(ticket, is_ok=True)
+        elif action < 0.85:
+            clock.now += rng.choice([0.5, 3.0, 20.0])
+        else:
+            assert errors._ordered() == sorted(error for _, error in errors._samples)
+            since = clock.now - load.window_s
+            assert load.recent_services_s() == sorted(s for end, s in load._recent if end >= since)
+    assert errors._ordered() == sorted(error for _, error in errors._samples)
+    assert load.recent_services_s() == sorted(s for end, s in load._recent if end >= clock.now - load.window_s)
