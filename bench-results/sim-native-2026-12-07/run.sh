@@ -28,4 +28,4 @@ for which in old new; do
   PYTHONPATH=$tree $PY -m dpd plan --profile $P --max-workers 16 --out /tmp/planned-$which.yaml >> $OUT/plan16.log 2>&1
 done
 cmp /tmp/planned-old.yaml /tmp/planned-new.yaml && echo "the two plans' configs: identical" >> $OUT/plan16.log
-echo done > $OUT/DONE
+echo "run.sh: done" >&2
