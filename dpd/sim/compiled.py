@@ -5,7 +5,8 @@
 (``dpd.sim.engine``). In CPython that caps a two-worker simulation at ~40,000 requests a second
 (~15,000 under the adaptive policy). mypyc (the mypy project's compiler for type-annotated Python,
 pinned with mypy) compiles those modules, unchanged, to C extensions; ``use()`` makes a ``dpd plan``
-process import them instead of the ``.py`` files. Nothing else ever imports them: the router serving traffic runs the source.
+process import them instead of the ``.py`` files. Nothing else ever imports them: the router
+serving traffic runs the source.
 
 A build belongs to the exact sources it was made from: its directory is named after a hash of
 every ``dpd`` source file, the Python ABI and the mypy version, so an edited tree never runs a

@@ -16,6 +16,11 @@ from dpd.router.load import EndpointLoad, LoadPriors, RecentMedian, RecentRate, 
 from dpd.router.pools import Worker
 
 
+def field_values(obj, names):
+    """An object's fields, for comparing plain classes (no field-wise ==) field by field."""
+    return tuple(getattr(obj, name) for name in names)
+
+
 class FakeClock:
     def __init__(self) -> None:
         self.now = 1000.0
@@ -575,8 +580,8 @@ def test_splits_scored_in_place_match_every_pair_scored(seed):
                                        decode_wait_s=queued_after_s))
         every += pairs
         expected_firsts += pairs[:1]
-    def plain(scored):  # a Scored's fields (a plain class: no field-wise ==)
-        return None if scored is None else tuple(getattr(scored, name) for name in Scored.FIELDS)
+    def plain(scored):
+        return None if scored is None else field_values(scored, Scored.FIELDS)
 
     assert [plain(s) for s in firsts] == [plain(s) for s in expected_firsts]
     assert plain(best) == plain(min(every, key=lambda s: s.score) if every else None)
@@ -622,10 +627,8 @@ def test_a_ticket_given_runs_of_tokens_counts_them_as_one_event_each():
         one_by_one.add_tokens(total, now)
     at_once.add_token_runs(runs)
 
-    def fields(ticket):
-        return [getattr(ticket, name) for name in StreamTicket.__slots__]
-
-    assert fields(at_once) == fields(one_by_one) and at_once.num_tokens == 10 and sum(n for _, n in at_once.gap_runs) == 9
+    assert field_values(at_once, StreamTicket.__slots__) == field_values(one_by_one, StreamTicket.__slots__)
+    assert at_once.num_tokens == 10 and sum(n for _, n in at_once.gap_runs) == 9
     empty = StreamTicket(0.1, 20)
     empty.add_token_runs([(0, 0.0, 0.5)])
     assert empty.last_token_at is None and empty.num_tokens == 1
