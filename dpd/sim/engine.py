@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gc
 import heapq
+import itertools
 import math
 import random
 from collections import deque
@@ -48,14 +49,23 @@ class EngineProfile:
     # the request is that much longer (every stream it runs waits). dpd profile measures it; 0
     # (older profiles) leaves the decoder undisturbed by splits.
     kv_pull_s_per_token: float = 0.0
+    # Workers sharing a machine's cores slow one another (dpd profile measures it on two of the
+    # endpoint's workers): a step's prefill takes ``prefill_slowdown`` times as long while another
+    # worker of its machine is decoding, its decode part ``decode_slowdown`` times while another
+    # is computing a prefill. ``machine_workers``: how many workers share a machine (1, or both
+    # slowdowns 1.0: each worker undisturbed by the others, as in older profiles).
+    prefill_slowdown: float = 1.0
+    decode_slowdown: float = 1.0
+    machine_workers: int = 1
 
     def __post_init__(self) -> None:
         # A profile is read from a file a user may have edited: a zero step time would loop
         # forever, a negative rate would plan nonsense, a string would fail mid-search.
         for name, low, is_int in (("prefill_tokens_per_s", 0, False), ("step_overhead_s", None, False),
                                   ("decode_s_per_stream", None, False), ("kv_transfer_s", None, False),
-                                  ("kv_pull_s_per_token", None, False),
-                                  ("max_batched_tokens", 0, True), ("max_num_seqs", 0, True)):
+                                  ("kv_pull_s_per_token", None, False), ("prefill_slowdown", 0, False),
+                                  ("decode_slowdown", 0, False), ("max_batched_tokens", 0, True),
+                                  ("max_num_seqs", 0, True), ("machine_workers", 0, True)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int if is_int else (int, float)):
                 raise ValueError(f"{name} must be {'an integer' if is_int else 'a number'}, not {value!r}")
@@ -64,6 +74,13 @@ class EngineProfile:
                                  f"not {value!r}")
         if self.step_overhead_s + self.decode_s_per_stream <= 0:
             raise ValueError("a decode step must take some time: step_overhead_s or decode_s_per_stream above 0")
+        for name in ("prefill_slowdown", "decode_slowdown"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be 1 or more (how many times longer), not {getattr(self, name)!r}")
+
+    @property
+    def has_interference(self) -> bool:
+        return self.machine_workers > 1 and (self.prefill_slowdown != 1 or self.decode_slowdown != 1)
 
 
 Delivery = tuple[int, float, float]  # decode steps whose tokens a stream got: (steps, the gap before each, the last one's time)
@@ -136,6 +153,18 @@ class Sim:
             gc.set_threshold(*thresholds)
 
 
+class Machine:
+    """The engines sharing one machine's cores, and how many of them are decoding (have running
+    streams) and computing a prefill, each as of its step under way."""
+
+    __slots__ = ("engines", "decoding", "prefilling")
+
+    def __init__(self) -> None:
+        self.engines: list[Engine] = []
+        self.decoding = 0
+        self.prefilling = 0
+
+
 class Engine:
     """One worker's engine: a FIFO of prefills and a batch of running streams.
 
@@ -149,7 +178,11 @@ class Engine:
     gap, time) — rather than handing it to each stream: a stream is handed the deliveries it has
     not seen when it ends, and every stream is when the router looks at them (``sync``; a real
     worker streams each token as it is made). A stream ends at a step count fixed when it starts
-    (its first token's count plus the tokens it still has to make)."""
+    (its first token's count plus the tokens it still has to make).
+
+    On a ``Machine`` with other engines, a step's speed follows theirs as the step starts (the
+    profile's ``prefill_slowdown`` and ``decode_slowdown``): a stretch is cut when another engine
+    there starts or stops computing prefills, so its next steps run at the new pace."""
 
     LOG_KEEP = 1024  # deliveries kept before those every running stream has seen are dropped
 
@@ -164,6 +197,9 @@ class Engine:
         self._steps = 0  # decode steps made for the running streams so far
         self._log: list[Delivery] = []  # the latest deliveries; _log[0] is delivery number _log_base
         self._log_base = 0
+        self.machine: Machine | None = None  # set where the profile's workers slow one another
+        self._is_prefilling = False  # as counted on the machine
+        self._is_decoding = False
 
     def submit(self, job: Job) -> None:
         self.waiting.append(job)
@@ -212,10 +248,31 @@ class Engine:
             generation = self._generation
             self.sim.at(start + step_s, lambda: self._end_cruise(generation))
 
+    def _set_state(self, prefilling: bool, decoding: bool) -> None:
+        """Count this engine's step on its machine; where that changes whether the others decode
+        beside a prefill, cut their stretches (their next steps at the new pace)."""
+        m = self.machine
+        assert m is not None
+        if decoding != self._is_decoding:
+            m.decoding += 1 if decoding else -1
+            self._is_decoding = decoding
+        if prefilling != self._is_prefilling:
+            m.prefilling += 1 if prefilling else -1
+            self._is_prefilling = prefilling
+            if m.prefilling == (1 if prefilling else 0) and self.profile.decode_slowdown != 1:
+                for engine in m.engines:
+                    if engine is not self and engine._cruise is not None:
+                        engine._cut()
+
     def _maybe_step(self) -> None:
-        if self.is_busy or not (self.waiting or self.running):
+        if self.is_busy:
+            return
+        if not (self.waiting or self.running):
+            if self.machine is not None:
+                self._set_state(False, False)
             return
         p = self.profile
+        m = self.machine
         self.is_busy = True
         if not self.waiting:
             first_end = self.running[0].finish_at
@@ -224,6 +281,10 @@ class Engine:
                     first_end = job.finish_at
             steps = first_end - self._steps
             step_s = p.step_overhead_s + len(self.running) * p.decode_s_per_stream
+            if m is not None:
+                if m.prefilling > (1 if self._is_prefilling else 0):  # another engine computes a prefill
+                    step_s *= p.decode_slowdown
+                self._set_state(False, True)
             self._cruise = (self.sim.now, step_s, steps)
             generation = self._generation
             self.sim.at(self.sim.now + steps * step_s, lambda: self._end_cruise(generation))
@@ -241,7 +302,15 @@ class Engine:
             if job.remaining_prefill:
                 prefill_tokens += take
             pulled_tokens += job.pulled_tokens
-        step_s = p.step_overhead_s + prefill_tokens / p.prefill_tokens_per_s + len(self.running) * p.decode_s_per_stream
+        if m is None:
+            step_s = p.step_overhead_s + prefill_tokens / p.prefill_tokens_per_s + len(self.running) * p.decode_s_per_stream
+        else:
+            # (the same sum as above where neither slowdown applies: x * 1.0 is x)
+            decode_f = p.decode_slowdown if m.prefilling > (1 if self._is_prefilling else 0) else 1.0
+            prefill_f = p.prefill_slowdown if m.decoding > (1 if self._is_decoding else 0) else 1.0
+            step_s = (p.step_overhead_s * decode_f + prefill_tokens / p.prefill_tokens_per_s * prefill_f
+                      + len(self.running) * p.decode_s_per_stream * decode_f)
+            self._set_state(prefill_tokens > 0, bool(self.running))
         if p.kv_pull_s_per_token:
             step_s += pulled_tokens * p.kv_pull_s_per_token
         # The batch cannot change before the step ends: streams join and leave only there.
@@ -383,6 +452,16 @@ class SimEndpoint:
         self.prefill = [worker(f"prefill-{i}", "prefill") for i in range(num_prefill)]
         self.decode = [worker(f"decode-{i}", "decode") for i in range(num_decode)]
         self.engines = {w.name: Engine(self.sim, profile) for w in (*self.prefill, *self.decode)}
+        if profile.has_interference:
+            # machines of machine_workers engines each, the pools' workers taken in turn (p0, d0, p1, …)
+            machine = Machine()
+            in_turn = [w for pair in itertools.zip_longest(self.prefill, self.decode) for w in pair if w is not None]
+            for w in in_turn:
+                if len(machine.engines) == profile.machine_workers:
+                    machine = Machine()
+                engine = self.engines[w.name]
+                engine.machine = machine
+                machine.engines.append(engine)
         for w in (*self.prefill, *self.decode):
             assert isinstance(w.load, _SimulatedLoad)
             w.load.engine = self.engines[w.name]

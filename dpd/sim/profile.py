@@ -35,7 +35,8 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import requests
 
@@ -208,8 +209,17 @@ def measure(worker_url: str, *, mode: str = "quick", router_url: str | None = No
                 engine = replace(engine, kv_pull_s_per_token=round(pull, 8))
         else:
             notes.append("the router measured no split (is it a P/D endpoint?): KV pull left at the default")
+        interference = measure_interference(router_url, client.model, seed, api_key, progress,
+                                            rounds=4 if mode == "quick" else 8)
+        if interference is not None:
+            prefill_slowdown, decode_slowdown, machine_workers = interference
+            engine = replace(engine, prefill_slowdown=prefill_slowdown, decode_slowdown=decode_slowdown,
+                             machine_workers=machine_workers)
+            notes.append(f"machine_workers {machine_workers}: the router's workers on one host, taken as one machine")
+        else:
+            notes.append("no two of the router's workers share a host: their interference not measured (none modelled)")
     else:
-        notes.append("no P/D router given: KV pull left at the default")
+        notes.append("no P/D router given: KV pull left at the default, the workers' interference not measured")
     notes.append(f"max_batched_tokens {max_batched_tokens} as given (the engine does not report it)")
     return Profile(engine=engine, source="measured", hardware=hardware_description(), model=client.model,
                    engine_version=client.version(), date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -252,14 +262,14 @@ def measure_split(router_url: str, model: str, seed: int, progress: Any = print,
 
 
 Windows = list[tuple[float, float]]
+T = TypeVar("T")
 
 
-def _stream_delay_s(decoder: WorkerClient, load: Callable[[], Windows], seed: int, quiet_tokens: int = 16) -> float:
-    """How much ``load`` delayed a stream on ``decoder``: the stream runs alone for
-    ``quiet_tokens`` tokens, then ``load`` runs, then it runs alone again for as many. Its pace
-    is the median gap outside the load; the delay, summed over the windows ``load`` returns (its
-    moments of interest), is each window's length less the time the tokens made in it take at
-    that pace."""
+def _stream_beside(decoder: WorkerClient, load: Callable[[], T], seed: int,
+                   quiet_tokens: int = 16) -> tuple[list[float], tuple[float, float], T]:
+    """A stream on ``decoder`` that runs alone for ``quiet_tokens`` tokens, then while ``load``
+    runs, then alone again for as many: its tokens' arrival times, the load's (start, end) and
+    what it returned."""
     times: list[float] = []
     span: list[float] = []
     started, stop = threading.Event(), threading.Event()
@@ -284,7 +294,7 @@ def _stream_delay_s(decoder: WorkerClient, load: Callable[[], Windows], seed: in
                 raise RuntimeError(f"the decoder's stream ended before {quiet_tokens} tokens")
         span.append(time.monotonic())
         try:
-            windows = load()
+            result = load()
         except BaseException:
             stop.set()
             raise
@@ -294,6 +304,15 @@ def _stream_delay_s(decoder: WorkerClient, load: Callable[[], Windows], seed: in
     t0, t1 = span
     if sum(1 for t in times if t > t1) < quiet_tokens:
         raise RuntimeError("the decoder's stream ended before the load did: no pace after it to compare")
+    return times, (t0, t1), result
+
+
+def _stream_delay_s(decoder: WorkerClient, load: Callable[[], Windows], seed: int, quiet_tokens: int = 16) -> float:
+    """How much ``load`` delayed a stream on ``decoder`` (``_stream_beside``). Its pace is the
+    median gap outside the load; the delay, summed over the windows ``load`` returns (its
+    moments of interest), is each window's length less the time the tokens made in it take at
+    that pace."""
+    times, (t0, t1), windows = _stream_beside(decoder, load, seed, quiet_tokens)
     pace = statistics.median(b - a for a, b in zip(times, times[1:]) if b <= t0 or a > t1)
     # Summed before clamping: a window's own count is ± a token, and clamping each at 0 would
     # turn that noise into delay.
@@ -346,6 +365,61 @@ def measure_pull(router_url: str, model: str, seed: int, api_key: str | None = N
     per_token = statistics.median(costs)
     progress(f"profile: a KV pull costs the decoder's streams {per_token * 1e6:.1f} µs a token (median of {rounds})")
     return per_token
+
+
+def _same_machine_pair(router_url: str, model: str, api_key: str | None) -> tuple[WorkerClient, WorkerClient, int] | None:
+    """Two of the router's workers on one machine (the same host in their URLs; the prefill
+    pool's first and the decode pool's first where there is one, else two decode workers), and
+    how many of its workers that host has. None if no two share a host."""
+    pools = requests.get(router_url.rstrip("/") + "/admin/workers", timeout=10).json().get("pools", {})
+    urls = [str(w["url"]) for role in ("prefill", "decode") for w in (pools.get(role) or {}).get("workers", [])]
+    by_host: dict[str, list[str]] = {}
+    for url in urls:
+        by_host.setdefault(urlsplit(url).hostname or "", []).append(url)
+    shared = [group for group in by_host.values() if len(group) >= 2]
+    if not shared:
+        return None
+    group = shared[0]
+    return WorkerClient(group[0], model, api_key), WorkerClient(group[-1], model, api_key), len(group)
+
+
+def measure_interference(router_url: str, model: str, seed: int, api_key: str | None = None,
+                         progress: Any = print, rounds: int = 4,
+                         prompt_tokens: int = 512) -> tuple[float, float, int] | None:
+    """How much two workers of one machine slow each other: (prefill_slowdown, decode_slowdown,
+    the workers on that machine). A ``prompt_tokens`` prefill on one, timed alone and while the
+    other decodes a stream (the median of three each, per round); the other's stream, its median
+    gap alone (before and after) and while the first computes three prefills back to back. Each
+    the mean of ``rounds`` ratios, 1.0 at least: the rounds differ, as the OS places each worker's
+    threads that are not pinned (its API server, its engine loop) on one core or the other — on
+    this project's machine one profile measured a prefill ×1.89 and a step ×1.00, the next ×1.04
+    and ×1.34. None where no two workers share a host."""
+    pair = _same_machine_pair(router_url, model, api_key)
+    if pair is None:
+        return None
+    a, b, machine_workers = pair
+    a.complete(a.prompt(prompt_tokens, seed + 5000), 1)  # warm
+    prefill_ratios, decode_ratios = [], []
+
+    def prefills(first: int) -> list[float]:
+        return [a.complete(a.prompt(prompt_tokens, first + i), 1) for i in range(3)]
+
+    for r in range(rounds):
+        base = seed + 6000 + 100 * r
+        alone = statistics.median(prefills(base))
+        times, (t0, t1), beside = _stream_beside(b, functools.partial(prefills, base + 10), base + 20)
+        gaps_alone = [y - x for x, y in zip(times, times[1:]) if y <= t0 or x > t1]
+        gaps_beside = [y - x for x, y in zip(times, times[1:]) if x >= t0 and y <= t1]
+        prefill_ratios.append(statistics.median(beside) / alone)
+        decode_ratios.append(statistics.median(gaps_beside) / statistics.median(gaps_alone))
+        progress(f"profile: a {prompt_tokens}-token prefill {alone:.3f} s alone, {statistics.median(beside):.3f} s "
+                 f"beside a stream on {b.url}; the stream's gap {statistics.median(gaps_alone) * 1000:.1f} ms alone, "
+                 f"{statistics.median(gaps_beside) * 1000:.1f} ms beside the prefills")
+    prefill_slowdown = round(max(1.0, statistics.fmean(prefill_ratios)), 3)
+    decode_slowdown = round(max(1.0, statistics.fmean(decode_ratios)), 3)
+    progress(f"profile: workers of one machine slow each other: a prefill ×{prefill_slowdown} beside a decoding "
+             f"worker, a decode step ×{decode_slowdown} beside a prefill ({machine_workers} workers on {a.url}'s host)")
+    return prefill_slowdown, decode_slowdown, machine_workers
 
 
 # -- what-if hardware -------------------------------------------------------------------------------

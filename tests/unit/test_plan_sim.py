@@ -132,6 +132,68 @@ def test_a_streams_delay_is_the_time_a_load_held_its_engine(fake_worker):
     assert _stream_delay_s(client, prefills_then_quiet, seed=5) == pytest.approx(0.0, abs=0.25)
 
 
+class MachineWorker(FakeWorker):
+    """Workers of one machine that slow each other: a prefill takes twice as long while a stream
+    is decoding (a step in the last 50 ms), a decode step 1.5× while a prefill computes."""
+
+    lock = threading.Lock()
+    prefilling = 0
+    last_step = 0.0
+
+    def _work(self, seconds: float) -> None:
+        cls = MachineWorker
+        if seconds == STEP_S:
+            with cls.lock:
+                factor = 1.5 if cls.prefilling else 1.0
+            time.sleep(seconds * factor)
+            cls.last_step = time.monotonic()
+            return
+        with cls.lock:
+            cls.prefilling += 1
+            factor = 2.0 if time.monotonic() - cls.last_step < 0.05 else 1.0
+        try:
+            time.sleep(seconds * factor)
+        finally:
+            with cls.lock:
+                cls.prefilling -= 1
+
+
+def _serve(handler) -> tuple[ThreadingHTTPServer, str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def _router_of(prefill: list[str], decode: list[str]):
+    class Router(FakeWorker):
+        def do_GET(self) -> None:  # noqa: N802
+            self._json({"pools": {"prefill": {"workers": [{"url": u} for u in prefill]},
+                                  "decode": {"workers": [{"url": u} for u in decode]}}})
+    return Router
+
+
+def test_the_profile_measures_how_workers_of_one_machine_slow_each_other():
+    """Two fake workers on one host, a prefill ×2 beside a stream and a step ×1.5 beside a prefill:
+    measured within a quarter (sleep-timed on a shared 2-core machine); workers on different hosts
+    are not measured."""
+    from dpd.sim.profile import measure_interference
+
+    servers = [_serve(MachineWorker) for _ in range(2)]
+    router, router_url = _serve(_router_of([servers[0][1]], [servers[1][1]]))
+    far, far_url = _serve(_router_of(["http://10.0.0.1:8100"], ["http://10.0.0.2:8101"]))
+    try:
+        measured = measure_interference(router_url, "m", seed=7, progress=lambda m: None, prompt_tokens=1200)
+        assert measure_interference(far_url, "m", seed=7, progress=lambda m: None) is None
+    finally:
+        for server, _ in (*servers, (router, ""), (far, "")):
+            server.shutdown()
+            server.server_close()
+    assert measured is not None
+    prefill_slowdown, decode_slowdown, machine_workers = measured
+    assert machine_workers == 2
+    assert prefill_slowdown == pytest.approx(2.0, rel=0.25) and decode_slowdown == pytest.approx(1.5, rel=0.25)
+
+
 @pytest.mark.parametrize("engine, error", [
     ({"prefill_tokens_per_s": 0}, "prefill_tokens_per_s must be positive"),
     ({"prefill_tokens_per_s": -5.0}, "prefill_tokens_per_s must be positive"),

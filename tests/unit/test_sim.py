@@ -61,6 +61,61 @@ def test_a_pulled_kv_costs_the_decoders_step_that_admits_it():
     assert any(t == pytest.approx(3.8) for t in pulled[0].token_times)
 
 
+def test_a_prefill_beside_a_decoding_worker_of_its_machine_is_slower():
+    """prefill_slowdown 2 on a machine of two: the split's 300 tokens, its step starting at 0.35 while
+    the decoder streams, take 0.1 + 2 × 3 s (prefilled 6.45); the KV pull 0.5 s, then the idle
+    decoder's step: 7.05. On machines of one worker each: prefilled 3.45, handed over at 3.95, its
+    first token at the end of the step after the one under way (4.0): 4.1."""
+    from dataclasses import replace
+
+    requests = [(0.0, 20, 60), (0.35, 300, 3)]
+    shared = SimEndpoint("threshold", threshold_tokens=100,
+                         profile=replace(PROFILE, prefill_slowdown=2.0, machine_workers=2)).replay(requests)
+    apart = SimEndpoint("threshold", threshold_tokens=100,
+                        profile=replace(PROFILE, prefill_slowdown=2.0, machine_workers=1)).replay(requests)
+    assert shared[1].path == "disaggregated"
+    assert shared[1].first_s == pytest.approx(7.05) and apart[1].first_s == pytest.approx(4.1)
+    assert shared[0].token_times == apart[0].token_times  # the decoder's own pace unchanged
+
+
+def test_a_stream_beside_a_prefill_of_its_machine_is_slower_for_the_steps_it_lasts():
+    """decode_slowdown 2: the stream's stretch of 0.1 s steps is cut when the prefill worker starts
+    (0.35) and runs 0.2 s steps from the end of the step under way (0.4) until the one under way
+    when the prefill ends (3.45) ends (3.6): sixteen gaps of 0.2 s, the others 0.1 s."""
+    from dataclasses import replace
+
+    profile = replace(PROFILE, decode_slowdown=2.0, machine_workers=2)
+    stream, split = SimEndpoint("threshold", threshold_tokens=100, profile=profile).replay(
+        [(0.0, 20, 60), (0.35, 300, 3)])
+    assert split.path == "disaggregated" and split.first_s == pytest.approx(3.45 + 0.5 + 0.1, abs=0.11)
+    slow = sum(n for g, n in stream.gaps if g == pytest.approx(0.2))
+    fast = sum(n for g, n in stream.gaps if g == pytest.approx(0.1))
+    assert (slow, fast) == (16, 59 - 16)
+    times = stream.token_times
+    assert times[1] == pytest.approx(0.4) and times[17] == pytest.approx(3.6)
+
+
+def test_workers_on_machines_of_their_own_are_undisturbed():
+    """Slowdowns with machine_workers 1 (or both 1.0) change no outcome."""
+    from dataclasses import replace
+
+    requests = [(0.1 * i, 50 + 37 * i % 400, 2 + i % 9) for i in range(60)]
+    base = SimEndpoint("colocated", num_prefill=0, num_decode=2, profile=PROFILE).replay(requests)
+    for profile in (replace(PROFILE, prefill_slowdown=3.0, decode_slowdown=3.0),
+                    replace(PROFILE, machine_workers=2)):
+        again = SimEndpoint("colocated", num_prefill=0, num_decode=2, profile=profile).replay(requests)
+        assert [o.token_times for o in again] == [o.token_times for o in base]
+    slowed = SimEndpoint("colocated", num_prefill=0, num_decode=2,
+                         profile=replace(PROFILE, prefill_slowdown=3.0, machine_workers=2)).replay(requests)
+    assert sum(o.ttft_s for o in slowed) > sum(o.ttft_s for o in base)
+
+
+@pytest.mark.parametrize("field", ["prefill_slowdown", "decode_slowdown"])
+def test_a_slowdown_below_one_is_refused(field):
+    with pytest.raises(ValueError, match=field):
+        EngineProfile(**{field: 0.5})
+
+
 def test_the_adaptive_policy_runs_inside_the_simulator():
     requests = [(i * 0.5, 300 if i % 3 == 0 else 20, 8) for i in range(30)]
     outs = SimEndpoint("adaptive", profile=PROFILE, slo=Slo(10.0, 0.5)).replay(requests)
