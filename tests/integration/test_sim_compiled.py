@@ -56,9 +56,12 @@ said = compiled.use()
 import importlib
 modules = [importlib.import_module(name) for name in compiled.MODULES]
 assert all(compiled.is_compiled(m) for m in modules), [m.__file__ for m in modules]
-from tests.unit.test_sim import PINNED_DIGESTS, test_the_simulators_outcomes_are_pinned
+from tests.unit.test_sim import (MACHINE_DIGESTS, PINNED_DIGESTS, test_the_simulators_outcomes_are_pinned,
+                                 test_the_simulators_outcomes_on_one_machine_are_pinned)
 for policy, digest in PINNED_DIGESTS:
     test_the_simulators_outcomes_are_pinned(policy, digest)
+for policy, digest in MACHINE_DIGESTS:
+    test_the_simulators_outcomes_on_one_machine_are_pinned(policy, digest)
 print(said)
 """
     out = subprocess.run([sys.executable, "-c", code], env=environ(build_cache), capture_output=True, text=True,
@@ -69,7 +72,9 @@ print(said)
 
 def test_a_plan_decides_the_same_compiled_as_from_the_source(build_cache, tmp_path):
     profile = tmp_path / "profile.json"
-    profile.write_text(Profile(EngineProfile(prefill_tokens_per_s=800.0), "measured", "test cpu").to_json())
+    # two workers a machine slowing each other, as dpd profile measures them on this project's
+    profile.write_text(Profile(EngineProfile(prefill_tokens_per_s=800.0, prefill_slowdown=1.3, decode_slowdown=1.25,
+                                             machine_workers=2), "measured", "test cpu").to_json())
     tables = {}
     for mode in ("source", "compiled"):
         out = _plan(build_cache, mode, "--profile", str(profile), "--trace", "synthetic", "--rate", "1.5", "--requests",

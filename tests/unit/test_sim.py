@@ -217,6 +217,23 @@ def test_the_simulators_outcomes_are_pinned(policy, digest):
     assert hashlib.sha256(seen.encode()).hexdigest()[:16] == digest
 
 
+# the same workload with its three workers on one machine, slowing one another (taken when the
+# interference was modelled, 2026-12-07; a speed-up must not move them either)
+MACHINE_DIGESTS = [("colocated", "624bfd3b562ce955"), ("threshold", "b1b4d59e09295f8c"), ("adaptive", "6cbce9550144b0bb")]
+
+
+@pytest.mark.parametrize("policy,digest", MACHINE_DIGESTS)
+def test_the_simulators_outcomes_on_one_machine_are_pinned(policy, digest):
+    import hashlib
+    from dataclasses import replace
+
+    profile = EngineProfile(prefill_tokens_per_s=3000.0, step_overhead_s=0.02, decode_s_per_stream=0.001, kv_transfer_s=0.05)
+    profile = replace(profile, prefill_slowdown=1.6, decode_slowdown=1.3, machine_workers=3)
+    outs = SimEndpoint(policy, num_prefill=1, num_decode=2, threshold_tokens=100, profile=profile).replay(_mixed_requests(3))
+    seen = repr([(o.path, o.reason, o.token_times, o.predicted_ttft_s) for o in outs])
+    assert hashlib.sha256(seen.encode()).hexdigest()[:16] == digest
+
+
 def test_arrivals_given_out_of_order_are_served_in_time_order():
     requests = _mixed_requests(5, 200)
     shuffled = list(reversed(requests))
