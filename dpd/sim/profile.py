@@ -15,10 +15,12 @@ Measuring, on one worker that serves nothing else:
   ``split_overhead_s``), when a router is given; else the default, and the profile says so;
   and what a pull costs the decoder's other streams (``measure_pull``: a stream on the decoder
   while splits are made by hand, its delay counted from each decode hop's start to its end, per
-  prompt token pulled; the hop's own tokens in the batch are part of it).
+  prompt token pulled; the hop's own tokens in the batch are part of it);
+* **workers of one machine** — two of the router's workers on one host: a prefill on one alone
+  and beside the other's stream, the stream alone and beside the prefills (``measure_interference``).
 
-Quick mode takes about a minute on this project's CPU workers; ``full`` adds longer prompts and
-larger batches.
+Quick mode takes about a minute and a half on this project's CPU workers; ``full`` adds longer
+prompts, larger batches and more rounds.
 """
 
 from __future__ import annotations
@@ -87,7 +89,8 @@ def under_load(engine: EngineProfile, speed: float) -> EngineProfile:
     decode step's costs divided by it (the KV pull unchanged). A profile times one worker
     alone; serving, it shares the machine with its peers, the router and their threads: on this
     project's 2-core machine 0.85 fitted the synthetic ladder of 2026-12-06 and, checked on the
-    trace's ladders, cut their mean attainment error from 10 to 4 points (BENCHMARKS.md).
+    trace's ladders, cut their mean attainment error from 10 to 4 points; 0.90 with the workers'
+    interference measured (``prefill_slowdown``, ``decode_slowdown``; BENCHMARKS.md).
     ``dpd plan --check LADDER --fit-speed`` finds it for a machine."""
     if not speed > 0:
         raise ValueError("the speed under load must be positive")
