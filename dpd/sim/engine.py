@@ -305,8 +305,10 @@ class Engine:
         if m is None:
             step_s = p.step_overhead_s + prefill_tokens / p.prefill_tokens_per_s + len(self.running) * p.decode_s_per_stream
         else:
-            # (the same sum as above where neither slowdown applies: x * 1.0 is x)
-            decode_f = p.decode_slowdown if m.prefilling > (1 if self._is_prefilling else 0) else 1.0
+            # (the same sum as above where neither slowdown applies: x * 1.0 is x; a step with no
+            # stream running has no decode part to slow)
+            decode_f = (p.decode_slowdown if self.running and m.prefilling > (1 if self._is_prefilling else 0)
+                        else 1.0)
             prefill_f = p.prefill_slowdown if m.decoding > (1 if self._is_decoding else 0) else 1.0
             step_s = (p.step_overhead_s * decode_f + prefill_tokens / p.prefill_tokens_per_s * prefill_f
                       + len(self.running) * p.decode_s_per_stream * decode_f)

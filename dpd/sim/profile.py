@@ -89,8 +89,9 @@ def under_load(engine: EngineProfile, speed: float) -> EngineProfile:
     decode step's costs divided by it (the KV pull unchanged). A profile times one worker
     alone; serving, it shares the machine with its peers, the router and their threads: on this
     project's 2-core machine 0.85 fitted the synthetic ladder of 2026-12-06 and, checked on the
-    trace's ladders, cut their mean attainment error from 10 to 4 points; 0.90 with the workers'
-    interference measured (``prefill_slowdown``, ``decode_slowdown``; BENCHMARKS.md).
+    trace's ladders, cut their mean attainment error from 10 to 4 points; with the workers'
+    interference measured (``prefill_slowdown``, ``decode_slowdown``) a ladder run right after its
+    profile fitted 0.95–1.0 (BENCHMARKS.md).
     ``dpd plan --check LADDER --fit-speed`` finds it for a machine."""
     if not speed > 0:
         raise ValueError("the speed under load must be positive")
@@ -187,7 +188,7 @@ def measure(worker_url: str, *, mode: str = "quick", router_url: str | None = No
             ys.append(client.complete(client.prompt(n, seed), 1))
             xs.append(float(n))
         progress(f"profile: prefill {n} tokens: {statistics.fmean(ys[-plan.repeats:]):.3f} s")
-    _, slope = fit_line(xs, ys)
+    intercept, slope = fit_line(xs, ys)
     prefill_rate = 1 / slope if slope > 0 else float("inf")
     batch_x, gap_y = [], []
     for b in plan.batches:
@@ -212,14 +213,19 @@ def measure(worker_url: str, *, mode: str = "quick", router_url: str | None = No
                 engine = replace(engine, kv_pull_s_per_token=round(pull, 8))
         else:
             notes.append("the router measured no split (is it a P/D endpoint?): KV pull left at the default")
-        interference = measure_interference(router_url, client.model, seed, api_key, progress,
-                                            rounds=4 if mode == "quick" else 8)
+        try:
+            interference = measure_interference(router_url, client.model, seed, api_key, progress,
+                                                rounds=4 if mode == "quick" else 8, fixed_s=max(intercept, 0.0))
+        except (RuntimeError, statistics.StatisticsError, requests.RequestException) as exc:
+            interference = None
+            notes.append(f"the workers' interference could not be measured ({exc}): none modelled")
         if interference is not None:
             prefill_slowdown, decode_slowdown, machine_workers = interference
             engine = replace(engine, prefill_slowdown=prefill_slowdown, decode_slowdown=decode_slowdown,
                              machine_workers=machine_workers)
-            notes.append(f"machine_workers {machine_workers}: the router's workers on one host, taken as one machine")
-        else:
+            notes.append(f"machine_workers {machine_workers}: the router's workers on one host, taken as one machine"
+                         if engine.has_interference else "the workers measured no interference: none modelled")
+        elif not any("interference" in note for note in notes):
             notes.append("no two of the router's workers share a host: their interference not measured (none modelled)")
     else:
         notes.append("no P/D router given: KV pull left at the default, the workers' interference not measured")
@@ -371,32 +377,45 @@ def measure_pull(router_url: str, model: str, seed: int, api_key: str | None = N
 
 
 def _same_machine_pair(router_url: str, model: str, api_key: str | None) -> tuple[WorkerClient, WorkerClient, int] | None:
-    """Two of the router's workers on one machine (the same host in their URLs; the prefill
-    pool's first and the decode pool's first where there is one, else two decode workers), and
-    how many of its workers that host has. None if no two share a host."""
+    """Two of the router's workers on one machine — the same host in their URLs, the host the
+    most workers share: its first prefill and first decode worker where it has both, else its
+    first two — and how many of the router's workers that host has. None if no two share a host.
+    (Hosts are compared as written: ``localhost`` and ``127.0.0.1`` are two.)"""
     pools = requests.get(router_url.rstrip("/") + "/admin/workers", timeout=10).json().get("pools", {})
-    urls = [str(w["url"]) for role in ("prefill", "decode") for w in (pools.get(role) or {}).get("workers", [])]
-    by_host: dict[str, list[str]] = {}
-    for url in urls:
-        by_host.setdefault(urlsplit(url).hostname or "", []).append(url)
-    shared = [group for group in by_host.values() if len(group) >= 2]
-    if not shared:
+    by_host: dict[str, dict[str, str]] = {}  # host -> url -> its pool (the first that lists it)
+    for role in ("prefill", "decode"):
+        for w in (pools.get(role) or {}).get("workers", []):
+            by_host.setdefault(urlsplit(str(w["url"])).hostname or "", {}).setdefault(str(w["url"]), role)
+    if not by_host or max(len(urls) for urls in by_host.values()) < 2:
         return None
-    group = shared[0]
-    return WorkerClient(group[0], model, api_key), WorkerClient(group[-1], model, api_key), len(group)
+    urls = max(by_host.values(), key=len)
+    prefill = [u for u, role in urls.items() if role == "prefill"]
+    decode = [u for u, role in urls.items() if role == "decode"]
+    first, second = (prefill[0], decode[0]) if prefill and decode else list(urls)[:2]
+    return WorkerClient(first, model, api_key), WorkerClient(second, model, api_key), len(urls)
+
+
+NOISE = 1.05  # a mean slowdown below this is the rounds' noise: written as 1.0
+
+
+def _slowdown(ratios: list[float]) -> float:
+    mean = statistics.fmean(ratios)
+    return round(mean, 3) if mean >= NOISE else 1.0
 
 
 def measure_interference(router_url: str, model: str, seed: int, api_key: str | None = None,
-                         progress: Any = print, rounds: int = 4,
-                         prompt_tokens: int = 512) -> tuple[float, float, int] | None:
+                         progress: Any = print, rounds: int = 4, prompt_tokens: int = 512,
+                         fixed_s: float = 0.0) -> tuple[float, float, int] | None:
     """How much two workers of one machine slow each other: (prefill_slowdown, decode_slowdown,
     the workers on that machine). A ``prompt_tokens`` prefill on one, timed alone and while the
-    other decodes a stream (the median of three each, per round); the other's stream, its median
-    gap alone (before and after) and while the first computes three prefills back to back. Each
-    the mean of ``rounds`` ratios, 1.0 at least: the rounds differ, as the OS places each worker's
-    threads that are not pinned (its API server, its engine loop) on one core or the other — on
-    this project's machine one profile measured a prefill ×1.89 and a step ×1.00, the next ×1.04
-    and ×1.34. None where no two workers share a host."""
+    other decodes a stream (the median of three each, per round; ``fixed_s``, a request's time
+    that is not its prefill — the prefill fit's intercept — taken off both); the other's stream,
+    its median gap alone (before and after) and while the first computes three prefills back to
+    back (a round with fewer than three gaps inside them is skipped). Each the mean of the
+    rounds' ratios, 1.0 below ``NOISE``: the rounds differ, as the OS places each worker's threads
+    that are not pinned (its API server, its engine loop) on one core or the other — on this
+    project's machine one profile measured a prefill ×1.89 and a step ×1.00, the next ×1.04 and
+    ×1.34. None where no two workers share a host or no round could be measured."""
     pair = _same_machine_pair(router_url, model, api_key)
     if pair is None:
         return None
@@ -410,18 +429,25 @@ def measure_interference(router_url: str, model: str, seed: int, api_key: str | 
     for r in range(rounds):
         base = seed + 6000 + 100 * r
         alone = statistics.median(prefills(base))
-        times, (t0, t1), beside = _stream_beside(b, functools.partial(prefills, base + 10), base + 20)
+        times, (t0, t1), beside_s = _stream_beside(b, functools.partial(prefills, base + 10), base + 20)
+        beside = statistics.median(beside_s)
         gaps_alone = [y - x for x, y in zip(times, times[1:]) if y <= t0 or x > t1]
         gaps_beside = [y - x for x, y in zip(times, times[1:]) if x >= t0 and y <= t1]
-        prefill_ratios.append(statistics.median(beside) / alone)
+        fixed = min(max(fixed_s, 0.0), alone / 2)
+        if len(gaps_beside) < 3 or not gaps_alone:
+            progress(f"profile: round {r + 1}: {len(gaps_beside)} of the stream's gaps inside the prefills: skipped")
+            continue
+        prefill_ratios.append((beside - fixed) / (alone - fixed))
         decode_ratios.append(statistics.median(gaps_beside) / statistics.median(gaps_alone))
-        progress(f"profile: a {prompt_tokens}-token prefill {alone:.3f} s alone, {statistics.median(beside):.3f} s "
-                 f"beside a stream on {b.url}; the stream's gap {statistics.median(gaps_alone) * 1000:.1f} ms alone, "
+        progress(f"profile: a {prompt_tokens}-token prefill {alone:.3f} s alone, {beside:.3f} s beside a stream on "
+                 f"{b.url}; the stream's gap {statistics.median(gaps_alone) * 1000:.1f} ms alone, "
                  f"{statistics.median(gaps_beside) * 1000:.1f} ms beside the prefills")
-    prefill_slowdown = round(max(1.0, statistics.fmean(prefill_ratios)), 3)
-    decode_slowdown = round(max(1.0, statistics.fmean(decode_ratios)), 3)
+    if not prefill_ratios:
+        return None
+    prefill_slowdown, decode_slowdown = _slowdown(prefill_ratios), _slowdown(decode_ratios)
     progress(f"profile: workers of one machine slow each other: a prefill ×{prefill_slowdown} beside a decoding "
-             f"worker, a decode step ×{decode_slowdown} beside a prefill ({machine_workers} workers on {a.url}'s host)")
+             f"worker, a decode step ×{decode_slowdown} beside a prefill ({machine_workers} workers on {a.url}'s host; "
+             f"means of {len(prefill_ratios)} rounds, below ×{NOISE} taken as 1)")
     return prefill_slowdown, decode_slowdown, machine_workers
 
 

@@ -72,7 +72,7 @@ print(said)
 
 def test_a_plan_decides_the_same_compiled_as_from_the_source(build_cache, tmp_path):
     profile = tmp_path / "profile.json"
-    # two workers a machine slowing each other, as dpd profile measures them on this project's
+    # two workers a machine slowing each other, as dpd profile measures them on this project's machine
     profile.write_text(Profile(EngineProfile(prefill_tokens_per_s=800.0, prefill_slowdown=1.3, decode_slowdown=1.25,
                                              machine_workers=2), "measured", "test cpu").to_json())
     tables = {}

@@ -182,7 +182,7 @@ def test_the_profile_measures_how_workers_of_one_machine_slow_each_other():
     router, router_url = _serve(_router_of([servers[0][1]], [servers[1][1]]))
     far, far_url = _serve(_router_of(["http://10.0.0.1:8100"], ["http://10.0.0.2:8101"]))
     try:
-        measured = measure_interference(router_url, "m", seed=7, progress=lambda m: None, prompt_tokens=1200)
+        measured = measure_interference(router_url, "m", seed=7, progress=lambda m: None, rounds=2, prompt_tokens=800)
         assert measure_interference(far_url, "m", seed=7, progress=lambda m: None) is None
     finally:
         for server, _ in (*servers, (router, ""), (far, "")):
@@ -192,6 +192,23 @@ def test_the_profile_measures_how_workers_of_one_machine_slow_each_other():
     prefill_slowdown, decode_slowdown, machine_workers = measured
     assert machine_workers == 2
     assert prefill_slowdown == pytest.approx(2.0, rel=0.25) and decode_slowdown == pytest.approx(1.5, rel=0.25)
+
+
+@pytest.mark.parametrize("prefill, decode, expected", [
+    (["http://h1:1"], ["http://h1:2", "http://h1:3"], ("http://h1:1", "http://h1:2", 3)),  # a prefill and a decode worker
+    (["http://h0:1"], ["http://h2:1", "http://h2:2", "http://h2:1"], ("http://h2:1", "http://h2:2", 2)),  # listed twice
+    (["http://h1:1"], ["http://h2:1"], None),  # no two on one host
+])
+def test_the_interference_is_measured_on_two_workers_of_the_busiest_host(prefill, decode, expected):
+    from dpd.sim.profile import _same_machine_pair
+
+    router, url = _serve(_router_of(prefill, decode))
+    try:
+        pair = _same_machine_pair(url, "m", None)
+    finally:
+        router.shutdown()
+        router.server_close()
+    assert (pair if pair is None else (pair[0].url, pair[1].url, pair[2])) == expected
 
 
 @pytest.mark.parametrize("engine, error", [

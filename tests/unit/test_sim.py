@@ -219,7 +219,7 @@ def test_the_simulators_outcomes_are_pinned(policy, digest):
 
 # the same workload with its three workers on one machine, slowing one another (taken when the
 # interference was modelled, 2026-12-07; a speed-up must not move them either)
-MACHINE_DIGESTS = [("colocated", "624bfd3b562ce955"), ("threshold", "b1b4d59e09295f8c"), ("adaptive", "6cbce9550144b0bb")]
+MACHINE_DIGESTS = [("colocated", "aa2702170afda74e"), ("threshold", "6fe584e2e6a1ca06"), ("adaptive", "68a86b65288c15d8")]
 
 
 @pytest.mark.parametrize("policy,digest", MACHINE_DIGESTS)
