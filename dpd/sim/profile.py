@@ -217,16 +217,17 @@ def measure(worker_url: str, *, mode: str = "quick", router_url: str | None = No
             interference = measure_interference(router_url, client.model, seed, api_key, progress,
                                                 rounds=4 if mode == "quick" else 8, fixed_s=max(intercept, 0.0))
         except (RuntimeError, statistics.StatisticsError, requests.RequestException) as exc:
-            interference = None
             notes.append(f"the workers' interference could not be measured ({exc}): none modelled")
-        if interference is not None:
-            prefill_slowdown, decode_slowdown, machine_workers = interference
-            engine = replace(engine, prefill_slowdown=prefill_slowdown, decode_slowdown=decode_slowdown,
-                             machine_workers=machine_workers)
-            notes.append(f"machine_workers {machine_workers}: the router's workers on one host, taken as one machine"
-                         if engine.has_interference else "the workers measured no interference: none modelled")
-        elif not any("interference" in note for note in notes):
-            notes.append("no two of the router's workers share a host: their interference not measured (none modelled)")
+        else:
+            if interference is None:
+                notes.append("no two of the router's workers share a host, or no round could be measured: "
+                             "their interference not measured (none modelled)")
+            else:
+                prefill_slowdown, decode_slowdown, machine_workers = interference
+                engine = replace(engine, prefill_slowdown=prefill_slowdown, decode_slowdown=decode_slowdown,
+                                 machine_workers=machine_workers)
+                notes.append(f"machine_workers {machine_workers}: the router's workers on one host, taken as one "
+                             "machine" if engine.has_interference else "the workers measured no interference: none modelled")
     else:
         notes.append("no P/D router given: KV pull left at the default, the workers' interference not measured")
     notes.append(f"max_batched_tokens {max_batched_tokens} as given (the engine does not report it)")
@@ -433,15 +434,15 @@ def measure_interference(router_url: str, model: str, seed: int, api_key: str | 
         beside = statistics.median(beside_s)
         gaps_alone = [y - x for x, y in zip(times, times[1:]) if y <= t0 or x > t1]
         gaps_beside = [y - x for x, y in zip(times, times[1:]) if x >= t0 and y <= t1]
-        fixed = min(max(fixed_s, 0.0), alone / 2)
         if len(gaps_beside) < 3 or not gaps_alone:
             progress(f"profile: round {r + 1}: {len(gaps_beside)} of the stream's gaps inside the prefills: skipped")
             continue
+        fixed = min(max(fixed_s, 0.0), alone / 2)
+        gap_alone, gap_beside = statistics.median(gaps_alone), statistics.median(gaps_beside)
         prefill_ratios.append((beside - fixed) / (alone - fixed))
-        decode_ratios.append(statistics.median(gaps_beside) / statistics.median(gaps_alone))
+        decode_ratios.append(gap_beside / gap_alone)
         progress(f"profile: a {prompt_tokens}-token prefill {alone:.3f} s alone, {beside:.3f} s beside a stream on "
-                 f"{b.url}; the stream's gap {statistics.median(gaps_alone) * 1000:.1f} ms alone, "
-                 f"{statistics.median(gaps_beside) * 1000:.1f} ms beside the prefills")
+                 f"{b.url}; the stream's gap {gap_alone * 1000:.1f} ms alone, {gap_beside * 1000:.1f} ms beside the prefills")
     if not prefill_ratios:
         return None
     prefill_slowdown, decode_slowdown = _slowdown(prefill_ratios), _slowdown(decode_ratios)
