@@ -11,6 +11,7 @@ E2E, token counts and the path the router reports (``x-dpd-path``).
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import random
 import sys
@@ -21,6 +22,7 @@ from tqdm import tqdm
 
 from dpd.bench.stats import RequestRecord
 from dpd.bench.workloads import TraceRequest
+from dpd.router.server import freeze_startup_objects
 
 # Token ids drawn from the middle of the vocabulary: ordinary word pieces, no special tokens.
 TOKEN_ID_RANGE = (1000, 40000)
@@ -122,31 +124,37 @@ async def replay(
 ) -> tuple[list[RequestRecord], float]:
     """Send every request of ``trace`` at its arrival offset; return the records and the run time.
     With ``progress``, a progress bar on stderr counts finished requests and failures."""
-    records: list[RequestRecord | None] = [None] * len(trace)
-    bar = tqdm(total=len(trace), desc=label, unit="req", file=sys.stderr, disable=not progress, dynamic_ncols=True)
-    failed = 0
-    connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
-        start = time.perf_counter()
+    # The client's own pauses would be measured as the server's gaps: what this process holds
+    # before the run (tokenizer, earlier runs' records) stays out of its collector's full passes.
+    freeze_startup_objects()
+    try:
+        records: list[RequestRecord | None] = [None] * len(trace)
+        bar = tqdm(total=len(trace), desc=label, unit="req", file=sys.stderr, disable=not progress, dynamic_ncols=True)
+        failed = 0
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+            start = time.perf_counter()
 
-        async def one(i: int, request: TraceRequest) -> None:
-            nonlocal failed
-            delay = request.arrival_s - (time.perf_counter() - start)
-            if delay > 0:
-                await asyncio.sleep(delay)
-            lag_s = (time.perf_counter() - start) - request.arrival_s
-            # A session's turns draw from one seed, so each prompt extends the previous turn's.
-            key = i if request.session is None else 10_000_000 + request.session
-            record = records[i] = await send(session, url, model, request, seed * 1_000_003 + key, threshold_tokens)
-            record.send_lag_s = lag_s
-            record.index = i
-            failed += not record.is_ok
-            bar.set_postfix(failed=failed, refresh=False)
-            bar.update()
+            async def one(i: int, request: TraceRequest) -> None:
+                nonlocal failed
+                delay = request.arrival_s - (time.perf_counter() - start)
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                lag_s = (time.perf_counter() - start) - request.arrival_s
+                # A session's turns draw from one seed, so each prompt extends the previous turn's.
+                key = i if request.session is None else 10_000_000 + request.session
+                record = records[i] = await send(session, url, model, request, seed * 1_000_003 + key, threshold_tokens)
+                record.send_lag_s = lag_s
+                record.index = i
+                failed += not record.is_ok
+                bar.set_postfix(failed=failed, refresh=False)
+                bar.update()
 
-        try:
-            await asyncio.gather(*(one(i, r) for i, r in enumerate(trace)))
-        finally:
-            bar.close()
-        duration_s = time.perf_counter() - start
+            try:
+                await asyncio.gather(*(one(i, r) for i, r in enumerate(trace)))
+            finally:
+                bar.close()
+            duration_s = time.perf_counter() - start
+    finally:
+        gc.unfreeze()
     return [r for r in records if r is not None], duration_s

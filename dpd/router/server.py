@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import math
+import socket
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -71,10 +73,34 @@ class _QuietServer(uvicorn.Server):
         yield
 
 
+def freeze_startup_objects() -> None:
+    """Leave what exists now out of every later garbage collection (``gc.freeze``): a process
+    that has loaded a tokenizer holds hundreds of thousands of long-lived objects (modules,
+    vocabularies, transformers' and torch's), and each full collection walked them all — a
+    ~0.2 s pause of every stream on this machine, measured in the router (docs/design.md, "The
+    router's startup heap frozen"). Garbage made so far is collected first."""
+    gc.collect()
+    gc.freeze()
+
+
 class RouterServer(uvicorn.Server):
-    """The API server; ``metrics`` (when set) runs beside it for as long as it runs."""
+    """The API server; ``metrics`` (when set) runs beside it for as long as it runs. Once it
+    has started (the router's lifespan run: tokenizer, pools, watchers), the objects of its
+    start are frozen out of the collector's full passes (``freeze_startup_objects``) until it
+    stops."""
 
     metrics: uvicorn.Server | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            freeze_startup_objects()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        try:
+            await super().shutdown(sockets)
+        finally:
+            gc.unfreeze()  # collectable again (a process that goes on, as the tests' does)
 
     async def serve(self, sockets: Any = None) -> None:
         if self.metrics is None:

@@ -168,6 +168,42 @@ async def test_the_client_counts_every_token_a_chunk_brings(monkeypatch, chunks,
     assert record.ttft_s == pytest.approx(ttft + 1.0)
 
 
+async def test_the_client_keeps_what_it_held_before_a_run_out_of_full_collections_during_it():
+    """The client's own collector pauses would be measured as the server's gaps."""
+    import gc
+
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    import dpd.bench.client as client
+    from dpd.bench.workloads import TraceRequest
+
+    frozen_during: list[int] = []
+
+    async def serve(request: web.Request) -> web.StreamResponse:
+        frozen_during.append(gc.get_freeze_count())
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b"data: " + json.dumps({"choices": [{"index": 0, "text": "a"}], "usage": _usage(1)}).encode()
+                         + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", serve)
+    server = TestServer(app)
+    await server.start_server()
+    gc.unfreeze()
+    try:
+        records, _ = await client.replay(str(server.make_url("")).rstrip("/"), "m", [TraceRequest(0.0, 8, 1, "test")],
+                                         threshold_tokens=100, progress=False)
+    finally:
+        await server.close()
+    assert [r.is_ok for r in records] == [True]
+    assert frozen_during and frozen_during[0] > 0  # frozen while the run went on
+    assert gc.get_freeze_count() == 0  # and not after it
+
+
 def _records(ttfts: list[float], cls: str = "short", failed: tuple[int, ...] = ()) -> list[RequestRecord]:
     return [RequestRecord(ttft_s=t, e2e_s=t + 1.0, num_output_tokens=11, itls_s=[0.1] * 10, request_class=cls,
                           is_ok=i not in failed, index=i) for i, t in enumerate(ttfts)]
