@@ -363,7 +363,8 @@ class RouterSpec(_Frozen):
     healthIntervalS: float = Field(default=2.0, gt=0, description="Active health probe period.")
     bodyReadTimeoutS: float = Field(
         default=30.0, gt=0, description="Longest a client may take to send a request body's first 4 MiB, and each "
-        "4 MiB after it (408 past it): a slow client cannot hold a connection open."
+        "4 MiB after it (408 past it), and a request's head from connecting or from the response before (closed past "
+        "it): a slow or silent client cannot hold a connection open."
     )
     maxConnections: int = Field(
         default=1024, ge=1, description="Concurrent connections and requests the router serves; past it new ones get "

@@ -19,6 +19,7 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from dpd.router.app import Router, build_app
 from dpd.router.errors import ApiError
@@ -63,6 +64,35 @@ class ConnectionLimit:
             await self.app(scope, receive, send)
         finally:
             self.num_requests -= 1
+
+
+def head_deadline_protocol(timeout_s: float) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol with a deadline for each request's head: a connection must
+    complete one within ``timeout_s`` of connecting, and the next within ``timeout_s`` of the
+    last response, or it is closed. uvicorn arms no timer before a connection's first request
+    (its keep-alive timer starts after a response), so a client could hold sockets — up to
+    ``maxConnections``, refusing everyone else — by connecting and sending nothing, or half a head."""
+
+    class HeadDeadline(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            super().connection_made(transport)
+            self._await_head()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._await_head()
+
+        def _await_head(self) -> None:
+            self.loop.call_later(timeout_s, self._head_overdue, self.cycle)
+
+        def _head_overdue(self, cycle_then: Any) -> None:
+            # Still no request since the timer was armed (a request in flight was begun by its
+            # head; a pipelined one began when the response before it completed): closed.
+            if self.cycle is cycle_then and not self.transport.is_closing() and (
+                    cycle_then is None or cycle_then.response_complete):
+                self.transport.close()
+
+    return HeadDeadline
 
 
 class _QuietServer(uvicorn.Server):
@@ -125,7 +155,8 @@ def metrics_server(router: Router, host: str, port: int) -> uvicorn.Server:
     """``/metrics`` alone, on its own port (no lifespan: the API server runs the router's)."""
     app = Starlette(routes=[Route("/metrics", lambda request: router.metrics_response(), methods=["GET"])])
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="off",
-                            proxy_headers=False, limit_concurrency=64)
+                            proxy_headers=False, limit_concurrency=64,
+                            http=head_deadline_protocol(router.settings.spec.bodyReadTimeoutS))
     return _QuietServer(config)
 
 
@@ -149,6 +180,7 @@ def make_server(router: Router, host: str, port: int, *, is_embedded: bool, grac
         proxy_headers=False,
         ssl_certfile=tls[0] if tls else None,
         ssl_keyfile=tls[1] if tls else None,
+        http=head_deadline_protocol(router.settings.spec.bodyReadTimeoutS),
     )
     server = _EmbeddedServer(config) if is_embedded else RouterServer(config)
     limited.connections = lambda: len(server.server_state.connections)

@@ -175,6 +175,35 @@ async def test_slow_clients_get_a_408_and_do_not_block_others(served, unused_tcp
               f"bodyReadTimeoutS (1 s); another client served meanwhile in {served_s:.3f} s")
 
 
+async def test_a_connection_that_sends_no_request_head_in_time_is_closed(served, unused_tcp_port):
+    """uvicorn arms no timer before a connection's first request: silent or half-sent heads
+    would hold sockets (up to maxConnections) for good."""
+    url, _ = await served(bodyReadTimeoutS=0.5)
+    silent = await _raw(unused_tcp_port, b"")
+    half = await _raw(unused_tcp_port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+    # a client that keeps its connection and sends half of its second request's head
+    reader, writer = await _raw(unused_tcp_port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert (await reader.readuntil(b"\r\n")).startswith(b"HTTP/1.1 200")
+    writer.write(b"GET /v1/models HTTP/1.1\r\n")
+    await writer.drain()
+    started = time.perf_counter()
+    for held_reader, _ in (silent, half, (reader, writer)):
+        assert await asyncio.wait_for(_read_to_eof(held_reader), 5) is not None  # closed by the router
+    assert time.perf_counter() - started < 3
+    # a request that takes its time, within the deadline each way, is served
+    reader, writer = await _raw(unused_tcp_port, b"GET /v1/mo")
+    await asyncio.sleep(0.3)
+    writer.write(b"dels HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    await writer.drain()
+    assert (await _read_to_eof(reader)).startswith(b"HTTP/1.1 200")
+    for _, w in (silent, half, (reader, writer)):
+        w.close()
+
+
+async def _read_to_eof(reader: asyncio.StreamReader) -> bytes:
+    return await reader.read()
+
+
 async def test_connections_past_the_limit_get_a_503(served, unused_tcp_port):
     url, _ = await served(maxConnections=2, bodyReadTimeoutS=2.0)
     head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"
