@@ -11,7 +11,6 @@ E2E, token counts and the path the router reports (``x-dpd-path``).
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import random
 import sys
@@ -22,7 +21,7 @@ from tqdm import tqdm
 
 from dpd.bench.stats import RequestRecord
 from dpd.bench.workloads import TraceRequest
-from dpd.router.server import freeze_startup_objects
+from dpd.router.server import freeze_startup_objects, thaw_startup_objects
 
 # Token ids drawn from the middle of the vocabulary: ordinary word pieces, no special tokens.
 TOKEN_ID_RANGE = (1000, 40000)
@@ -156,5 +155,5 @@ async def replay(
                 bar.close()
             duration_s = time.perf_counter() - start
     finally:
-        gc.unfreeze()
+        thaw_startup_objects()
     return [r for r in records if r is not None], duration_s

@@ -1,6 +1,7 @@
 """The router: OpenAI-compatible front door, decider, pickers and the P/D flow.
 
-Depends on no other dpd package but ``dpd.config``'s types; never imports torch or vLLM.
+Depends on no other dpd package but ``dpd.config``'s types; never imports torch or vLLM itself
+(transformers' tokenizer, loaded as vLLM loads it, brings torch in where it is installed).
 """
 
 from dpd.router.app import WORKER_KEY_ENV, Router, RouterSettings, build_app

@@ -74,6 +74,8 @@ def head_deadline_protocol(timeout_s: float) -> type[asyncio.Protocol]:
     ``maxConnections``, refusing everyone else — by connecting and sending nothing, or half a head."""
 
     class HeadDeadline(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
+        _head_timer: asyncio.TimerHandle | None = None
+
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
             super().connection_made(transport)
             self._await_head()
@@ -82,14 +84,27 @@ def head_deadline_protocol(timeout_s: float) -> type[asyncio.Protocol]:
             super().on_response_complete()
             self._await_head()
 
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._cancel_head_timer()  # nothing of a closed connection is kept for the timer's sake
+            super().connection_lost(exc)
+
+        def _cancel_head_timer(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
         def _await_head(self) -> None:
-            self.loop.call_later(timeout_s, self._head_overdue, self.cycle)
+            # One deadline at a time: the latest response's (a pipelined request's included).
+            self._cancel_head_timer()
+            self._head_timer = self.loop.call_later(timeout_s, self._head_overdue, self.cycle)
 
         def _head_overdue(self, cycle_then: Any) -> None:
+            self._head_timer = None
             # Still no request since the timer was armed (a request in flight was begun by its
-            # head; a pipelined one began when the response before it completed): closed.
-            if self.cycle is cycle_then and not self.transport.is_closing() and (
-                    cycle_then is None or cycle_then.response_complete):
+            # head; a pipelined one began when the response before it completed), and the
+            # connection still this protocol's (not upgraded): closed.
+            if (self.cycle is cycle_then and (cycle_then is None or cycle_then.response_complete)
+                    and not self.transport.is_closing() and self.transport.get_protocol() is self):
                 self.transport.close()
 
     return HeadDeadline
@@ -103,14 +118,28 @@ class _QuietServer(uvicorn.Server):
         yield
 
 
+_num_freezes = 0  # freeze_startup_objects() calls not yet undone by thaw_startup_objects()
+
+
 def freeze_startup_objects() -> None:
     """Leave what exists now out of every later garbage collection (``gc.freeze``): a process
     that has loaded a tokenizer holds hundreds of thousands of long-lived objects (modules,
     vocabularies, transformers' and torch's), and each full collection walked them all — a
-    ~0.2 s pause of every stream on this machine, measured in the router (docs/design.md, "The
-    router's startup heap frozen"). Garbage made so far is collected first."""
+    ~0.24 s pause of every stream on this machine, measured in the router (docs/design.md, "The
+    router's startup heap frozen"). Garbage made so far is collected first. Paired with
+    ``thaw_startup_objects``: the objects are collectable again when every freeze (a server's, a
+    benchmark run's, in one process) has been undone."""
+    global _num_freezes
+    _num_freezes += 1
     gc.collect()
     gc.freeze()
+
+
+def thaw_startup_objects() -> None:
+    global _num_freezes
+    _num_freezes = max(_num_freezes - 1, 0)
+    if _num_freezes == 0:
+        gc.unfreeze()
 
 
 class RouterServer(uvicorn.Server):
@@ -121,16 +150,21 @@ class RouterServer(uvicorn.Server):
 
     metrics: uvicorn.Server | None = None
 
+    _frozen = False
+
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
-        if self.started:
+        if self.started and not self._frozen:
+            self._frozen = True
             freeze_startup_objects()
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         try:
             await super().shutdown(sockets)
         finally:
-            gc.unfreeze()  # collectable again (a process that goes on, as the tests' does)
+            if self._frozen:
+                self._frozen = False
+                thaw_startup_objects()  # collectable again (a process that goes on, as the tests' does)
 
     async def serve(self, sockets: Any = None) -> None:
         if self.metrics is None:

@@ -193,7 +193,6 @@ async def test_the_client_keeps_what_it_held_before_a_run_out_of_full_collection
     app.router.add_post("/v1/completions", serve)
     server = TestServer(app)
     await server.start_server()
-    gc.unfreeze()
     try:
         records, _ = await client.replay(str(server.make_url("")).rstrip("/"), "m", [TraceRequest(0.0, 8, 1, "test")],
                                          threshold_tokens=100, progress=False)
