@@ -822,7 +822,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "results.json (predicted vs measured, per run)")
     p.add_argument("--speed-under-load", type=_real(0), default=1.0, metavar="S",
                    help="simulate the workers at S × the profile's speed (a profile times one worker alone; "
-                   "serving, it shares the machine): 0.85 fitted this project's 2-core machine")
+                   "serving, it shares the machine with the router and client): on this project's 2-core machine "
+                   "0.95–1.0 fitted with the workers' interference profiled, 0.85 without (docs/planning.md)")
     p.add_argument("--fit-speed", action="store_true", help="with --check: the --speed-under-load (1.0 down to 0.5) "
                    "whose predicted attainment is closest to the ladder's")
     p.set_defaults(func=_cmd_plan)
