@@ -114,6 +114,19 @@ def _usage(n: int) -> dict:
     return {"prompt_tokens": 5, "completion_tokens": n, "total_tokens": 5 + n}
 
 
+
+async def _completions_server(serve):
+    """An aiohttp server answering POST /v1/completions with ``serve``, started."""
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", serve)
+    server = TestServer(app)
+    await server.start_server()
+    return server
+
+
 @pytest.mark.parametrize("chunks, gaps, ttft, tokens", [
     # an empty-text chunk carrying a token (a special token skipped, a held-back UTF-8 byte) is a token
     ([(0.0, "a", 1), (0.1, "", 2), (0.2, "b", 3)], [0.1, 0.1], 0.0, 3),
@@ -126,7 +139,6 @@ async def test_the_client_counts_every_token_a_chunk_brings(monkeypatch, chunks,
     token even in an empty-text chunk, and tokens counted where the stream has no usage."""
     import aiohttp
     from aiohttp import web
-    from aiohttp.test_utils import TestServer
 
     import dpd.bench.client as client
     from dpd.bench.workloads import TraceRequest
@@ -147,10 +159,7 @@ async def test_the_client_counts_every_token_a_chunk_brings(monkeypatch, chunks,
         await resp.write(b"data: [DONE]\n\n")
         return resp
 
-    app = web.Application()
-    app.router.add_post("/v1/completions", serve)
-    server = TestServer(app)
-    await server.start_server()
+    server = await _completions_server(serve)
     reads = iter([-1.0])  # the send time, then each chunk's own time
 
     def perf_counter() -> float:
@@ -173,7 +182,6 @@ async def test_the_client_keeps_what_it_held_before_a_run_out_of_full_collection
     import gc
 
     from aiohttp import web
-    from aiohttp.test_utils import TestServer
 
     import dpd.bench.client as client
     from dpd.bench.workloads import TraceRequest
@@ -189,10 +197,7 @@ async def test_the_client_keeps_what_it_held_before_a_run_out_of_full_collection
         await resp.write(b"data: [DONE]\n\n")
         return resp
 
-    app = web.Application()
-    app.router.add_post("/v1/completions", serve)
-    server = TestServer(app)
-    await server.start_server()
+    server = await _completions_server(serve)
     try:
         records, _ = await client.replay(str(server.make_url("")).rstrip("/"), "m", [TraceRequest(0.0, 8, 1, "test")],
                                          threshold_tokens=100, progress=False)
