@@ -175,9 +175,16 @@ async def test_slow_clients_get_a_408_and_do_not_block_others(served, unused_tcp
               f"bodyReadTimeoutS (1 s); another client served meanwhile in {served_s:.3f} s")
 
 
-async def test_a_connection_that_sends_no_request_head_in_time_is_closed(served, unused_tcp_port):
+@pytest.mark.parametrize("implementation", ["httptools", "h11"])
+async def test_a_connection_that_sends_no_request_head_in_time_is_closed(served, unused_tcp_port, monkeypatch,
+                                                                          implementation):
     """uvicorn arms no timer before a connection's first request: silent or half-sent heads
-    would hold sockets (up to maxConnections) for good."""
+    would hold sockets (up to maxConnections) for good. With either of uvicorn's HTTP parsers
+    (h11 where httptools is not installed)."""
+    if implementation == "h11":
+        from uvicorn.protocols.http.h11_impl import H11Protocol
+
+        monkeypatch.setattr("dpd.router.server.AutoHTTPProtocol", H11Protocol)
     url, _ = await served(bodyReadTimeoutS=1.5)
     silent = await _raw(unused_tcp_port, b"")
     half = await _raw(unused_tcp_port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
