@@ -127,33 +127,38 @@ async def replay(
     # before the run (tokenizer, earlier runs' records) stays out of its collector's full passes.
     freeze_startup_objects()
     try:
-        records: list[RequestRecord | None] = [None] * len(trace)
-        bar = tqdm(total=len(trace), desc=label, unit="req", file=sys.stderr, disable=not progress, dynamic_ncols=True)
-        failed = 0
-        connector = aiohttp.TCPConnector(limit=0)
-        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
-            start = time.perf_counter()
-
-            async def one(i: int, request: TraceRequest) -> None:
-                nonlocal failed
-                delay = request.arrival_s - (time.perf_counter() - start)
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                lag_s = (time.perf_counter() - start) - request.arrival_s
-                # A session's turns draw from one seed, so each prompt extends the previous turn's.
-                key = i if request.session is None else 10_000_000 + request.session
-                record = records[i] = await send(session, url, model, request, seed * 1_000_003 + key, threshold_tokens)
-                record.send_lag_s = lag_s
-                record.index = i
-                failed += not record.is_ok
-                bar.set_postfix(failed=failed, refresh=False)
-                bar.update()
-
-            try:
-                await asyncio.gather(*(one(i, r) for i, r in enumerate(trace)))
-            finally:
-                bar.close()
-            duration_s = time.perf_counter() - start
+        return await _replay(url, model, trace, threshold_tokens, seed, timeout_s, progress, label)
     finally:
         thaw_startup_objects()
+
+
+async def _replay(url: str, model: str, trace: list[TraceRequest], threshold_tokens: int, seed: int, timeout_s: float,
+                  progress: bool, label: str) -> tuple[list[RequestRecord], float]:
+    records: list[RequestRecord | None] = [None] * len(trace)
+    bar = tqdm(total=len(trace), desc=label, unit="req", file=sys.stderr, disable=not progress, dynamic_ncols=True)
+    failed = 0
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+        start = time.perf_counter()
+
+        async def one(i: int, request: TraceRequest) -> None:
+            nonlocal failed
+            delay = request.arrival_s - (time.perf_counter() - start)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            lag_s = (time.perf_counter() - start) - request.arrival_s
+            # A session's turns draw from one seed, so each prompt extends the previous turn's.
+            key = i if request.session is None else 10_000_000 + request.session
+            record = records[i] = await send(session, url, model, request, seed * 1_000_003 + key, threshold_tokens)
+            record.send_lag_s = lag_s
+            record.index = i
+            failed += not record.is_ok
+            bar.set_postfix(failed=failed, refresh=False)
+            bar.update()
+
+        try:
+            await asyncio.gather(*(one(i, r) for i, r in enumerate(trace)))
+        finally:
+            bar.close()
+        duration_s = time.perf_counter() - start
     return [r for r in records if r is not None], duration_s
